@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs the pinned third-party pieces the build needs under .deps/ (ignored by git), so that a
+# fresh machine, or a machine without network that receives .deps/ as a copy, can build.
+#   CUTLASS/CuTe headers  nvidia-cutlass 4.2.0.0 (PyPI wheel, headers under cutlass_library/source/include)
+#   GoogleTest            1.12.1 (Debian package googletest, sources under /usr/src/googletest)
+# Safe to re-run: finished steps are skipped.
+set -euo pipefail
+
+CUTLASS_VERSION=4.2.0.0
+GTEST_DEB_VERSION=1.12.1-0.2
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps="$root/.deps"
+mkdir -p "$deps"
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# CUTLASS / CuTe headers.
+if [ ! -f "$deps/cutlass/include/cute/tensor.hpp" ]; then
+  echo "setup_deps: fetching nvidia-cutlass==$CUTLASS_VERSION headers"
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+    "nvidia-cutlass==$CUTLASS_VERSION" -d "$tmp"
+  rm -rf "$deps/cutlass"
+  python3 - "$tmp" "$deps/cutlass" <<'PY'
+import glob, os, sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+prefix = "cutlass_library/source/include/"
+(wheel,) = glob.glob(os.path.join(src, "nvidia_cutlass-*.whl"))
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = os.path.join(dst, "include", name[len(prefix):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(name) as f, open(out, "wb") as g:
+                g.write(f.read())
+PY
+  echo "$CUTLASS_VERSION" > "$deps/cutlass/VERSION"
+  rm -rf "$tmp"
+fi
+
+# GoogleTest sources.
+if [ ! -f "$deps/googletest/CMakeLists.txt" ]; then
+  if [ ! -f /usr/src/googletest/CMakeLists.txt ]; then
+    echo "setup_deps: installing googletest=$GTEST_DEB_VERSION"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      "googletest=$GTEST_DEB_VERSION" >/dev/null
+  fi
+  rm -rf "$deps/googletest"
+  cp -r /usr/src/googletest "$deps/googletest"
+fi
+
+echo "setup_deps: CUTLASS $(cat "$deps/cutlass/VERSION"), GoogleTest sources in $deps/googletest"

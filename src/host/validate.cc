@@ -1,0 +1,430 @@
+// Host-side validation of every SPEC.md section 5 rule that needs no look at device memory.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "host/backends.h"
+#include "host/check.h"
+
+namespace mla::detail {
+namespace {
+
+bool is_host(Device d) {
+  return d.device_type == static_cast<int32_t>(DeviceType::kCPU) ||
+         d.device_type == static_cast<int32_t>(DeviceType::kCUDAHost);
+}
+bool is_cuda(Device d) { return d.device_type == static_cast<int32_t>(DeviceType::kCUDA); }
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Checks shared by every tensor argument: rank within bounds, non-negative sizes and strides,
+// a data pointer when there are elements, and the call's device.
+void check_tensor(const TensorView& t, const char* name, Device device) {
+  MLA_CHECK_ARG(
+      t.ndim >= 0 && t.ndim <= TensorView::kMaxDims, ErrorCode::kInvalidArgument,
+      name << ": expected rank at most " << TensorView::kMaxDims << ", got rank " << t.ndim);
+  for (int d = 0; d < t.ndim; ++d) {
+    MLA_CHECK_ARG(t.shape[d] >= 0, ErrorCode::kInvalidArgument,
+                  name << ": expected non-negative sizes, got shape " << shape_str(t));
+    MLA_CHECK_ARG(t.strides[d] >= 0, ErrorCode::kInvalidArgument,
+                  name << ": expected non-negative strides, got strides " << strides_str(t));
+  }
+  MLA_CHECK_ARG(t.numel() == 0 || t.data != nullptr, ErrorCode::kInvalidArgument,
+                name << ": expected a data pointer for shape " << shape_str(t) << ", got null");
+  MLA_CHECK_ARG(t.device == device, ErrorCode::kDeviceError,
+                name << ": expected device " << device_str(device) << " (the query's), got "
+                     << device_str(t.device));
+}
+
+void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  MLA_CHECK_ARG(t.ndim == rank, ErrorCode::kInvalidArgument,
+                name << ": expected rank " << rank << " " << layout << ", got rank " << t.ndim
+                     << " with shape " << shape_str(t));
+}
+
+void check_dtype(const TensorView& t, const char* name, DataType expected) {
+  MLA_CHECK_ARG(
+      t.dtype == expected, ErrorCode::kTypeError,
+      name << ": expected dtype " << dtype_str(expected) << ", got " << dtype_str(t.dtype));
+}
+
+void check_dim(const TensorView& t, const char* name, int dim, int64_t expected,
+               const std::string& what) {
+  MLA_CHECK_ARG(t.shape[dim] == expected, ErrorCode::kInvalidArgument,
+                name << ": expected " << what << " " << expected << ", got " << t.shape[dim]
+                     << " (shape " << shape_str(t) << ")");
+}
+
+void check_last_contiguous(const TensorView& t, const char* name) {
+  if (t.ndim == 0) return;
+  MLA_CHECK_ARG(
+      t.shape[t.ndim - 1] <= 1 || t.strides[t.ndim - 1] == 1, ErrorCode::kInvalidArgument,
+      name << ": expected a contiguous last dim (stride 1), got strides " << strides_str(t));
+}
+
+bool is_16bit_float(DataType t) { return t == dtype::kBFloat16 || t == dtype::kFloat16; }
+
+void check_input_dtypes(const TensorView& query, const TensorView& kv, Backend backend) {
+  const DataType q = query.dtype, k = kv.dtype;
+  const bool q_ok = is_16bit_float(q) || q == dtype::kFloat8E4M3 ||
+                    (backend == Backend::kCpu && q == dtype::kFloat32);
+  MLA_CHECK_ARG(q_ok, ErrorCode::kTypeError,
+                "query: expected dtype bfloat16, float16 or float8_e4m3fn"
+                    << (backend == Backend::kCpu ? " (cpu backend: also float32)" : "") << ", got "
+                    << dtype_str(q));
+  const bool k_ok = is_16bit_float(k) || k == dtype::kFloat8E4M3 ||
+                    (backend == Backend::kCpu && k == dtype::kFloat32);
+  MLA_CHECK_ARG(k_ok, ErrorCode::kTypeError,
+                "kv_cache: expected dtype bfloat16, float16 or float8_e4m3fn"
+                    << (backend == Backend::kCpu ? " (cpu backend: also float32)" : "") << ", got "
+                    << dtype_str(k));
+  const bool pair_ok = q == k || (q == dtype::kBFloat16 && k == dtype::kFloat8E4M3);
+  MLA_CHECK_ARG(pair_ok, ErrorCode::kTypeError,
+                "kv_cache: expected a dtype pair (query, kv_cache) of (bfloat16, bfloat16), "
+                "(float16, float16), (float8_e4m3fn, float8_e4m3fn), (bfloat16, float8_e4m3fn)"
+                    << (backend == Backend::kCpu ? " or (float32, float32)" : "") << ", got ("
+                    << dtype_str(q) << ", " << dtype_str(k) << ")");
+}
+
+Backend resolve_backend(Backend requested, Device device) {
+  switch (requested) {
+    case Backend::kAuto:
+      if (is_host(device)) return Backend::kCpu;
+      if (is_cuda(device)) return Backend::kSm90;
+      break;
+    case Backend::kCpu:
+      MLA_CHECK_ARG(is_host(device), ErrorCode::kDeviceError,
+                    "query: backend cpu expects host tensors, got device " << device_str(device));
+      return Backend::kCpu;
+    case Backend::kSm90:
+      MLA_CHECK_ARG(is_cuda(device), ErrorCode::kDeviceError,
+                    "query: backend sm90 expects CUDA tensors, got device " << device_str(device));
+      return Backend::kSm90;
+    default:
+      MLA_FAIL(ErrorCode::kInvalidArgument, "backend: expected auto, sm90 or cpu, got enum value "
+                                                << static_cast<int>(requested));
+  }
+  MLA_FAIL(ErrorCode::kDeviceError,
+           "query: expected a host (cpu) or CUDA tensor, got device " << device_str(device));
+}
+
+// Per-backend limits, after the contract-wide checks.
+void check_backend_support(const Problem& p) {
+  if (p.backend == Backend::kSm90) {
+    MLA_FAIL(ErrorCode::kUnsupported,
+             "backend: sm90 is not available in this build yet (the Hopper kernels are not "
+             "implemented); CUDA tensors cannot be processed. Use host tensors with backend cpu");
+  }
+}
+
+// Scale given either as a host float or as a one-element fp32 tensor.
+bool check_scale(const TensorView& tensor, float value, const char* tensor_name,
+                 const char* value_name, Device device) {
+  if (!tensor.defined()) {
+    MLA_CHECK_ARG(std::isfinite(value), ErrorCode::kInvalidArgument,
+                  value_name << ": expected a finite value, got " << value);
+    return false;
+  }
+  check_tensor(tensor, tensor_name, device);
+  check_dtype(tensor, tensor_name, dtype::kFloat32);
+  MLA_CHECK_ARG(tensor.numel() == 1, ErrorCode::kInvalidArgument,
+                tensor_name << ": expected exactly 1 element, got shape " << shape_str(tensor));
+  return true;
+}
+
+RowStrides token_strides(const TensorView& t, bool ragged, bool has_head_dim) {
+  RowStrides s;
+  if (ragged) {
+    s.token = t.strides[0];
+    if (has_head_dim) s.head = t.strides[1];
+  } else {
+    s.batch = t.strides[0];
+    s.token = t.strides[1];
+    if (has_head_dim) s.head = t.strides[2];
+  }
+  return s;
+}
+
+}  // namespace
+
+Problem validate(const DecodeParams& prm) {
+  Problem p;
+
+  // Query: device, backend, rank.
+  MLA_CHECK_ARG(prm.query.defined(), ErrorCode::kInvalidArgument,
+                "query: expected a tensor, got none");
+  const Device device = prm.query.device;
+  check_tensor(prm.query, "query", device);
+  p.backend = resolve_backend(prm.backend, device);
+  p.ragged = prm.cum_seq_lens_q.defined();
+  if (p.ragged) {
+    check_rank(prm.query, "query", 3, "[T, H, D] (cum_seq_lens_q given)");
+  } else {
+    check_rank(prm.query, "query", 4, "[B, q_len, H, D]");
+  }
+
+  // Head dims.
+  MLA_CHECK_ARG(prm.kv_lora_rank > 0, ErrorCode::kInvalidArgument,
+                "kv_lora_rank: expected a positive value, got " << prm.kv_lora_rank);
+  MLA_CHECK_ARG(prm.qk_rope_head_dim > 0, ErrorCode::kInvalidArgument,
+                "qk_rope_head_dim: expected a positive value, got " << prm.qk_rope_head_dim);
+  MLA_CHECK_ARG(prm.qk_nope_head_dim > 0, ErrorCode::kInvalidArgument,
+                "qk_nope_head_dim: expected a positive value, got " << prm.qk_nope_head_dim);
+  p.L = prm.kv_lora_rank;
+  p.R = prm.qk_rope_head_dim;
+  p.D = p.L + p.R;
+  std::ostringstream d_what;
+  d_what << "last dim (kv_lora_rank " << p.L << " + qk_rope_head_dim " << p.R << ") =";
+  check_dim(prm.query, "query", prm.query.ndim - 1, p.D, d_what.str());
+  check_last_contiguous(prm.query, "query");
+
+  // KV cache.
+  MLA_CHECK_ARG(prm.kv_cache.defined(), ErrorCode::kInvalidArgument,
+                "kv_cache: expected a tensor, got none");
+  check_tensor(prm.kv_cache, "kv_cache", device);
+  MLA_CHECK_ARG(prm.kv_cache.ndim == 3 || prm.kv_cache.ndim == 4, ErrorCode::kInvalidArgument,
+                "kv_cache: expected rank 3 [P, page_size, D] or 4 [P, 1, page_size, D], got rank "
+                    << prm.kv_cache.ndim << " with shape " << shape_str(prm.kv_cache));
+  const int kv_row_dim = prm.kv_cache.ndim - 2;
+  if (prm.kv_cache.ndim == 4) check_dim(prm.kv_cache, "kv_cache", 1, 1, "dim 1 (heads) =");
+  check_dim(prm.kv_cache, "kv_cache", prm.kv_cache.ndim - 1, p.D, d_what.str());
+  check_last_contiguous(prm.kv_cache, "kv_cache");
+  check_input_dtypes(prm.query, prm.kv_cache, p.backend);
+  p.q_dtype = prm.query.dtype;
+  p.kv_dtype = prm.kv_cache.dtype;
+  p.num_pages = prm.kv_cache.shape[0];
+  p.page_size = prm.kv_cache.shape[kv_row_dim];
+  MLA_CHECK_ARG(is_pow2(p.page_size), ErrorCode::kInvalidArgument,
+                "kv_cache: expected page_size (dim " << kv_row_dim << ") to be a power of two, got "
+                                                     << p.page_size);
+  p.kv_page_stride = prm.kv_cache.strides[0];
+  p.kv_row_stride = prm.kv_cache.strides[kv_row_dim];
+
+  // Batch and query tokens.
+  MLA_CHECK_ARG(prm.seq_lens.defined(), ErrorCode::kInvalidArgument,
+                "seq_lens: expected a tensor, got none");
+  check_tensor(prm.seq_lens, "seq_lens", device);
+  check_rank(prm.seq_lens, "seq_lens", 1, "[B]");
+  check_dtype(prm.seq_lens, "seq_lens", dtype::kInt32);
+  check_last_contiguous(prm.seq_lens, "seq_lens");
+  p.num_heads = prm.query.shape[prm.query.ndim - 2];
+  MLA_CHECK_ARG(p.num_heads >= 1, ErrorCode::kInvalidArgument,
+                "query: expected at least 1 head (dim " << prm.query.ndim - 2 << "), got shape "
+                                                        << shape_str(prm.query));
+  if (p.ragged) {
+    p.batch = prm.seq_lens.shape[0];
+    p.num_tokens = prm.query.shape[0];
+    check_tensor(prm.cum_seq_lens_q, "cum_seq_lens_q", device);
+    check_rank(prm.cum_seq_lens_q, "cum_seq_lens_q", 1, "[B + 1]");
+    check_dtype(prm.cum_seq_lens_q, "cum_seq_lens_q", dtype::kInt32);
+    check_dim(prm.cum_seq_lens_q, "cum_seq_lens_q", 0, p.batch + 1,
+              "length B + 1 (B from seq_lens) =");
+    check_last_contiguous(prm.cum_seq_lens_q, "cum_seq_lens_q");
+    MLA_CHECK_ARG(prm.max_q_len == -1 || prm.max_q_len >= 1, ErrorCode::kInvalidArgument,
+                  "max_q_len: expected -1 (unknown) or a positive upper bound of the query "
+                  "lengths, got "
+                      << prm.max_q_len);
+    p.max_q_len = prm.max_q_len == -1 ? p.num_tokens : prm.max_q_len;
+  } else {
+    p.batch = prm.query.shape[0];
+    p.q_len = prm.query.shape[1];
+    p.num_tokens = p.batch * p.q_len;
+    MLA_CHECK_ARG(
+        p.q_len >= 1, ErrorCode::kInvalidArgument,
+        "query: expected q_len (dim 1) of at least 1, got shape " << shape_str(prm.query));
+    check_dim(prm.seq_lens, "seq_lens", 0, p.batch, "length B (query dim 0) =");
+    MLA_CHECK_ARG(prm.max_q_len == -1 || prm.max_q_len == p.q_len, ErrorCode::kInvalidArgument,
+                  "max_q_len: expected -1 or q_len " << p.q_len << " for dense queries, got "
+                                                     << prm.max_q_len);
+    p.max_q_len = p.q_len;
+  }
+  p.q = token_strides(prm.query, p.ragged, true);
+
+  // Index math is int32 on the device: sizes must fit.
+  MLA_CHECK_ARG(p.num_pages * p.page_size <= INT32_MAX, ErrorCode::kInvalidArgument,
+                "kv_cache: expected at most 2^31 - 1 token slots (P * page_size) for int32 "
+                "indices, got "
+                    << p.num_pages << " * " << p.page_size << " = " << p.num_pages * p.page_size);
+  MLA_CHECK_ARG(p.num_tokens * p.num_heads <= INT32_MAX, ErrorCode::kInvalidArgument,
+                "query: expected at most 2^31 - 1 query rows (tokens * H) for int32 indices, got "
+                    << p.num_tokens << " * " << p.num_heads << " = " << p.num_tokens * p.num_heads);
+
+  // Mode: dense (block_tables) or sparse (sparse_indices).
+  MLA_CHECK_ARG(prm.sparse_top_k >= 0, ErrorCode::kInvalidArgument,
+                "sparse_top_k: expected 0 (dense) or a positive top-k, got " << prm.sparse_top_k);
+  p.sparse = prm.sparse_top_k > 0;
+  p.top_k = prm.sparse_top_k;
+  if (p.sparse) {
+    MLA_CHECK_ARG(!prm.block_tables.defined(), ErrorCode::kInvalidArgument,
+                  "block_tables: expected none in sparse mode (sparse_top_k "
+                      << prm.sparse_top_k
+                      << "): sparse indices address the pool directly; pass them as "
+                         "sparse_indices, got shape "
+                      << shape_str(prm.block_tables));
+    MLA_CHECK_ARG(
+        !prm.mask.defined(), ErrorCode::kInvalidArgument,
+        "mask: expected none in sparse mode (sparse_top_k " << prm.sparse_top_k << "), got a mask");
+    MLA_CHECK_ARG(prm.sparse_indices.defined(), ErrorCode::kInvalidArgument,
+                  "sparse_indices: expected a tensor when sparse_top_k is " << prm.sparse_top_k
+                                                                            << ", got none");
+    const TensorView& si = prm.sparse_indices;
+    check_tensor(si, "sparse_indices", device);
+    if (p.ragged) {
+      check_rank(si, "sparse_indices", 2, "[T, top_k]");
+      check_dim(si, "sparse_indices", 0, p.num_tokens, "T (query dim 0) =");
+    } else {
+      check_rank(si, "sparse_indices", 3, "[B, q_len, top_k]");
+      check_dim(si, "sparse_indices", 0, p.batch, "B (query dim 0) =");
+      check_dim(si, "sparse_indices", 1, p.q_len, "q_len (query dim 1) =");
+    }
+    check_dim(si, "sparse_indices", si.ndim - 1, p.top_k, "last dim sparse_top_k =");
+    check_dtype(si, "sparse_indices", dtype::kInt32);
+    check_last_contiguous(si, "sparse_indices");
+    p.sparse_indices = token_strides(si, p.ragged, false);
+
+    const TensorView& tl = prm.sparse_topk_lens;
+    if (tl.defined()) {
+      check_tensor(tl, "sparse_topk_lens", device);
+      check_dtype(tl, "sparse_topk_lens", dtype::kInt32);
+      if (p.ragged) {
+        check_rank(tl, "sparse_topk_lens", 1, "[T] (per query token, cum_seq_lens_q given)");
+        check_dim(tl, "sparse_topk_lens", 0, p.num_tokens, "T (query dim 0) =");
+        p.topk_lens_mode = TopkLensMode::kPerToken;
+        p.topk_lens.token = tl.strides[0];
+      } else if (tl.ndim == 1) {
+        check_dim(tl, "sparse_topk_lens", 0, p.batch, "B (per request) =");
+        p.topk_lens_mode = TopkLensMode::kPerRequest;
+        p.topk_lens.batch = tl.strides[0];
+      } else {
+        check_rank(tl, "sparse_topk_lens", 2, "[B, q_len] (per token) or [B] (per request)");
+        check_dim(tl, "sparse_topk_lens", 0, p.batch, "B (query dim 0) =");
+        check_dim(tl, "sparse_topk_lens", 1, p.q_len, "q_len (query dim 1) =");
+        p.topk_lens_mode = TopkLensMode::kPerToken;
+        p.topk_lens.batch = tl.strides[0];
+        p.topk_lens.token = tl.strides[1];
+      }
+    }
+    MLA_CHECK_ARG(
+        prm.max_seq_len >= -1, ErrorCode::kInvalidArgument,
+        "max_seq_len: expected -1 (unknown) or a non-negative bound, got " << prm.max_seq_len);
+    p.max_seq_len = prm.max_seq_len == -1 ? INT32_MAX : prm.max_seq_len;
+  } else {
+    MLA_CHECK_ARG(!prm.sparse_indices.defined(), ErrorCode::kInvalidArgument,
+                  "sparse_indices: expected none in dense mode (sparse_top_k 0), got shape "
+                      << shape_str(prm.sparse_indices));
+    MLA_CHECK_ARG(!prm.sparse_topk_lens.defined(), ErrorCode::kInvalidArgument,
+                  "sparse_topk_lens: expected none in dense mode (sparse_top_k 0), got shape "
+                      << shape_str(prm.sparse_topk_lens));
+    MLA_CHECK_ARG(prm.block_tables.defined(), ErrorCode::kInvalidArgument,
+                  "block_tables: expected a tensor in dense mode, got none");
+    const TensorView& bt = prm.block_tables;
+    check_tensor(bt, "block_tables", device);
+    check_rank(bt, "block_tables", 2, "[B, max_pages]");
+    check_dtype(bt, "block_tables", dtype::kInt32);
+    check_dim(bt, "block_tables", 0, p.batch, "B =");
+    check_last_contiguous(bt, "block_tables");
+    p.max_pages = bt.shape[1];
+    p.block_table_stride = bt.strides[0];
+    const int64_t capacity = p.max_pages * p.page_size;
+    MLA_CHECK_ARG(capacity <= INT32_MAX, ErrorCode::kInvalidArgument,
+                  "block_tables: expected max_pages * page_size to fit int32 token positions, got "
+                      << p.max_pages << " * " << p.page_size << " = " << capacity);
+    MLA_CHECK_ARG(prm.max_seq_len >= -1 && prm.max_seq_len <= capacity, ErrorCode::kInvalidArgument,
+                  "max_seq_len: expected -1 (unknown) or a bound in [0, max_pages * page_size = "
+                      << capacity << "], got " << prm.max_seq_len);
+    p.max_seq_len = prm.max_seq_len == -1 ? capacity : prm.max_seq_len;
+
+    // Custom mask.
+    if (prm.mask.defined()) {
+      const TensorView& m = prm.mask;
+      check_tensor(m, "mask", device);
+      const bool u16 = m.dtype == dtype::kUInt16;
+      MLA_CHECK_ARG(m.dtype == dtype::kUInt32 || u16, ErrorCode::kTypeError,
+                    "mask: expected dtype uint32 (or uint16 with twice the words), got "
+                        << dtype_str(m.dtype));
+      if (p.ragged) {
+        check_rank(m, "mask", 2, "[T, W]");
+        check_dim(m, "mask", 0, p.num_tokens, "T (query dim 0) =");
+      } else {
+        check_rank(m, "mask", 3, "[B, q_len, W]");
+        check_dim(m, "mask", 0, p.batch, "B (query dim 0) =");
+        check_dim(m, "mask", 1, p.q_len, "q_len (query dim 1) =");
+      }
+      check_last_contiguous(m, "mask");
+      const int64_t words = m.shape[m.ndim - 1];
+      MLA_CHECK_ARG(!u16 || words % 2 == 0, ErrorCode::kInvalidArgument,
+                    "mask: expected an even number of uint16 words per row (2W), got " << words);
+      p.mask_words = u16 ? words / 2 : words;
+      // Without a max_q_len hint the ragged lengths are only known on the device, where the
+      // index check covers them.
+      const int64_t needed = p.ragged && prm.max_q_len == -1 ? 1 : ceil_div(p.max_q_len, 32);
+      MLA_CHECK_ARG(p.mask_words >= needed, ErrorCode::kInvalidArgument,
+                    "mask: expected at least "
+                        << (u16 ? 2 * needed : needed) << (u16 ? " uint16" : " uint32")
+                        << " words per row for query length " << p.max_q_len << ", got " << words);
+      p.mask = token_strides(m, p.ragged, false);
+      p.has_mask = true;
+    }
+  }
+
+  // Outputs.
+  MLA_CHECK_ARG(prm.out.defined(), ErrorCode::kInvalidArgument, "out: expected a tensor, got none");
+  check_tensor(prm.out, "out", device);
+  MLA_CHECK_ARG(prm.out.ndim == prm.query.ndim, ErrorCode::kInvalidArgument,
+                "out: expected rank " << prm.query.ndim << " like query, got rank " << prm.out.ndim
+                                      << " with shape " << shape_str(prm.out));
+  for (int d = 0; d + 1 < prm.out.ndim; ++d) {
+    check_dim(prm.out, "out", d, prm.query.shape[d], "dim " + std::to_string(d) + " like query =");
+  }
+  check_dim(prm.out, "out", prm.out.ndim - 1, p.L, "last dim kv_lora_rank =");
+  MLA_CHECK_ARG(is_16bit_float(prm.out.dtype), ErrorCode::kTypeError,
+                "out: expected dtype bfloat16 or float16, got " << dtype_str(prm.out.dtype));
+  check_last_contiguous(prm.out, "out");
+  p.out_dtype = prm.out.dtype;
+  p.out = token_strides(prm.out, p.ragged, true);
+
+  if (prm.lse.defined()) {
+    const TensorView& l = prm.lse;
+    check_tensor(l, "lse", device);
+    check_dtype(l, "lse", dtype::kFloat32);
+    if (p.ragged) {
+      check_rank(l, "lse", 2, "[T, H]");
+    } else {
+      check_rank(l, "lse", 3, "[B, q_len, H]");
+    }
+    for (int d = 0; d < l.ndim; ++d) {
+      check_dim(l, "lse", d, prm.query.shape[d], "dim " + std::to_string(d) + " like query =");
+    }
+    p.lse = token_strides(l, p.ragged, true);
+    p.has_lse = true;
+  }
+
+  // Optional per-head sinks and scales.
+  if (prm.sinks.defined()) {
+    check_tensor(prm.sinks, "sinks", device);
+    check_rank(prm.sinks, "sinks", 1, "[H]");
+    check_dtype(prm.sinks, "sinks", dtype::kFloat32);
+    check_dim(prm.sinks, "sinks", 0, p.num_heads, "H (query heads) =");
+    check_last_contiguous(prm.sinks, "sinks");
+    p.has_sinks = true;
+  }
+  p.has_bmm1_tensor =
+      check_scale(prm.bmm1_scale_tensor, prm.bmm1_scale, "bmm1_scale_tensor", "bmm1_scale", device);
+  p.has_bmm2_tensor =
+      check_scale(prm.bmm2_scale_tensor, prm.bmm2_scale, "bmm2_scale_tensor", "bmm2_scale", device);
+  const float f = prm.skip_softmax_threshold_scale_factor;
+  MLA_CHECK_ARG(std::isfinite(f) && f >= 0.0f, ErrorCode::kInvalidArgument,
+                "skip_softmax_threshold_scale_factor: expected 0 (off) or a finite positive "
+                "factor, got "
+                    << f);
+  p.skip_softmax_factor = f;
+
+  check_backend_support(p);
+  return p;
+}
+
+}  // namespace mla::detail
