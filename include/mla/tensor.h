@@ -97,7 +97,7 @@ struct TensorView {
     int64_t stride = 1;
     for (int d = t.ndim - 1; d >= 0; --d) {
       t.strides[d] = stride;
-      stride *= t.shape[d];
+      if (d > 0) stride *= t.shape[d];
     }
     return t;
   }

@@ -21,6 +21,17 @@ bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// a * b for non-negative sizes, saturated at INT64_MAX so that huge shapes cannot wrap around.
+int64_t mul_sat(int64_t a, int64_t b) { return a != 0 && b > INT64_MAX / a ? INT64_MAX : a * b; }
+
+// Element count of a view with non-negative sizes, saturated like mul_sat (TensorView::numel
+// wraps).
+int64_t numel_sat(const TensorView& t) {
+  int64_t n = 1;
+  for (int d = 0; d < t.ndim; ++d) n = mul_sat(n, t.shape[d]);
+  return n;
+}
+
 // Checks shared by every tensor argument: rank within bounds, non-negative sizes and strides,
 // a data pointer when there are elements, and the call's device.
 void check_tensor(const TensorView& t, const char* name, Device device) {
@@ -33,7 +44,7 @@ void check_tensor(const TensorView& t, const char* name, Device device) {
     MLA_CHECK_ARG(t.strides[d] >= 0, ErrorCode::kInvalidArgument,
                   name << ": expected non-negative strides, got strides " << strides_str(t));
   }
-  MLA_CHECK_ARG(t.numel() == 0 || t.data != nullptr, ErrorCode::kInvalidArgument,
+  MLA_CHECK_ARG(numel_sat(t) == 0 || t.data != nullptr, ErrorCode::kInvalidArgument,
                 name << ": expected a data pointer for shape " << shape_str(t) << ", got null");
   MLA_CHECK_ARG(t.device == device, ErrorCode::kDeviceError,
                 name << ": expected device " << device_str(device) << " (the query's), got "
@@ -131,7 +142,7 @@ bool check_scale(const TensorView& tensor, float value, const char* tensor_name,
   }
   check_tensor(tensor, tensor_name, device);
   check_dtype(tensor, tensor_name, dtype::kFloat32);
-  MLA_CHECK_ARG(tensor.numel() == 1, ErrorCode::kInvalidArgument,
+  MLA_CHECK_ARG(numel_sat(tensor) == 1, ErrorCode::kInvalidArgument,
                 tensor_name << ": expected exactly 1 element, got shape " << shape_str(tensor));
   return true;
 }
@@ -232,7 +243,7 @@ Problem validate(const DecodeParams& prm) {
   } else {
     p.batch = prm.query.shape[0];
     p.q_len = prm.query.shape[1];
-    p.num_tokens = p.batch * p.q_len;
+    p.num_tokens = mul_sat(p.batch, p.q_len);
     MLA_CHECK_ARG(
         p.q_len >= 1, ErrorCode::kInvalidArgument,
         "query: expected q_len (dim 1) of at least 1, got shape " << shape_str(prm.query));
@@ -245,13 +256,15 @@ Problem validate(const DecodeParams& prm) {
   p.q = token_strides(prm.query, p.ragged, true);
 
   // Index math is int32 on the device: sizes must fit.
-  MLA_CHECK_ARG(p.num_pages * p.page_size <= INT32_MAX, ErrorCode::kInvalidArgument,
+  MLA_CHECK_ARG(mul_sat(p.num_pages, p.page_size) <= INT32_MAX, ErrorCode::kInvalidArgument,
                 "kv_cache: expected at most 2^31 - 1 token slots (P * page_size) for int32 "
                 "indices, got "
-                    << p.num_pages << " * " << p.page_size << " = " << p.num_pages * p.page_size);
-  MLA_CHECK_ARG(p.num_tokens * p.num_heads <= INT32_MAX, ErrorCode::kInvalidArgument,
+                    << p.num_pages << " * " << p.page_size << " = "
+                    << mul_sat(p.num_pages, p.page_size));
+  MLA_CHECK_ARG(mul_sat(p.num_tokens, p.num_heads) <= INT32_MAX, ErrorCode::kInvalidArgument,
                 "query: expected at most 2^31 - 1 query rows (tokens * H) for int32 indices, got "
-                    << p.num_tokens << " * " << p.num_heads << " = " << p.num_tokens * p.num_heads);
+                    << p.num_tokens << " * " << p.num_heads << " = "
+                    << mul_sat(p.num_tokens, p.num_heads));
 
   // Mode: dense (block_tables) or sparse (sparse_indices).
   MLA_CHECK_ARG(prm.sparse_top_k >= 0, ErrorCode::kInvalidArgument,
@@ -329,7 +342,7 @@ Problem validate(const DecodeParams& prm) {
     check_last_contiguous(bt, "block_tables");
     p.max_pages = bt.shape[1];
     p.block_table_stride = bt.strides[0];
-    const int64_t capacity = p.max_pages * p.page_size;
+    const int64_t capacity = mul_sat(p.max_pages, p.page_size);
     MLA_CHECK_ARG(capacity <= INT32_MAX, ErrorCode::kInvalidArgument,
                   "block_tables: expected max_pages * page_size to fit int32 token positions, got "
                       << p.max_pages << " * " << p.page_size << " = " << capacity);

@@ -1,0 +1,167 @@
+// float64 reference of MLA decode: SPEC.md sections 1 and 2, evaluated literally.
+#include "oracle/oracle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace oracle {
+namespace {
+
+// A binary floating-point format with an implicit leading one for normal numbers.
+double decode_ieee_like(uint32_t bits, int exp_bits, int man_bits) {
+  const uint32_t man = bits & ((1u << man_bits) - 1);
+  const uint32_t exp = (bits >> man_bits) & ((1u << exp_bits) - 1);
+  const bool negative = (bits >> (man_bits + exp_bits)) & 1u;
+  const int bias = (1 << (exp_bits - 1)) - 1;
+  double magnitude;
+  if (exp == 0) {
+    magnitude = std::ldexp(static_cast<double>(man), 1 - bias - man_bits);  // subnormal
+  } else {
+    magnitude = std::ldexp(static_cast<double>(man + (1u << man_bits)), int(exp) - bias - man_bits);
+  }
+  return negative ? -magnitude : magnitude;
+}
+
+bool mask_bit(const Input& in, int t, int k) {
+  if (k / 32 >= in.mask_words) return false;
+  const uint32_t word = in.mask.at(static_cast<size_t>(t) * in.mask_words + k / 32);
+  return (word >> (k % 32)) & 1u;
+}
+
+int64_t dense_slot(const Input& in, int b, int64_t j) {
+  const int64_t logical_page = j / in.page_size;
+  if (logical_page >= in.max_pages) throw std::out_of_range("oracle: key past block_tables row");
+  const int32_t page = in.block_tables.at(static_cast<size_t>(b) * in.max_pages + logical_page);
+  if (page < 0 || page >= in.num_pages) throw std::out_of_range("oracle: bad block_tables entry");
+  return static_cast<int64_t>(page) * in.page_size + j % in.page_size;
+}
+
+}  // namespace
+
+int Input::num_tokens() const {
+  int t = 0;
+  for (int n : q_lens) t += n;
+  return t;
+}
+
+int Input::first_token(int b) const {
+  int t = 0;
+  for (int r = 0; r < b; ++r) t += q_lens.at(r);
+  return t;
+}
+
+std::vector<int64_t> attended_slots(const Input& in, int b, int i) {
+  std::vector<int64_t> slots;
+  const int t = in.first_token(b) + i;
+  const int64_t pool_rows = static_cast<int64_t>(in.num_pages) * in.page_size;
+
+  if (in.sparse) {
+    // The first `len` listed entries; -1 means no key; no causal rule.
+    int len = in.top_k;
+    if (in.topk_lens_mode == TopkLens::kPerRequest) len = in.topk_lens.at(b);
+    if (in.topk_lens_mode == TopkLens::kPerToken) len = in.topk_lens.at(t);
+    for (int e = 0; e < len; ++e) {
+      const int32_t slot = in.sparse_indices.at(static_cast<size_t>(t) * in.top_k + e);
+      if (slot == -1) continue;
+      if (slot < 0 || slot >= pool_rows) throw std::out_of_range("oracle: bad sparse index");
+      slots.push_back(slot);
+    }
+    return slots;
+  }
+
+  const int64_t seq_len = in.seq_lens.at(b);
+  const int64_t n = in.q_lens.at(b);
+  const int64_t first_query_pos = seq_len - n;  // p_0; may be negative
+  for (int64_t j = 0; j < seq_len; ++j) {
+    bool attended;
+    if (in.has_mask) {
+      attended = j < first_query_pos || mask_bit(in, t, static_cast<int>(j - first_query_pos));
+    } else {
+      attended = j <= first_query_pos + i;  // causal: keys 0 .. p_i
+    }
+    if (attended) slots.push_back(dense_slot(in, b, j));
+  }
+  return slots;
+}
+
+Output reference(const Input& in) {
+  const int T = in.num_tokens();
+  const int H = in.num_heads;
+  const int L = in.kv_lora_rank;
+  const int D = in.head_dim();
+  Output result;
+  result.out.assign(static_cast<size_t>(T) * H * L, 0.0);
+  result.lse.assign(static_cast<size_t>(T) * H, -std::numeric_limits<double>::infinity());
+
+  std::vector<double> s;
+  for (int b = 0; b < in.batch; ++b) {
+    for (int i = 0; i < in.q_lens.at(b); ++i) {
+      const int t = in.first_token(b) + i;
+      const std::vector<int64_t> slots = attended_slots(in, b, i);
+      for (int h = 0; h < H; ++h) {
+        const double* q = &in.query.at((static_cast<size_t>(t) * H + h) * D);
+        double* out = &result.out[(static_cast<size_t>(t) * H + h) * L];
+        if (slots.empty()) continue;  // out = 0, lse = -inf
+
+        // Pass 1: scores and their maximum.
+        s.assign(slots.size(), 0.0);
+        double s_max = -std::numeric_limits<double>::infinity();
+        for (size_t a = 0; a < slots.size(); ++a) {
+          const double* k = &in.kv.at(static_cast<size_t>(slots[a]) * D);
+          double dot = 0.0;
+          for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+          s[a] = in.bmm1_scale * dot;
+          s_max = std::max(s_max, s[a]);
+        }
+
+        // lse over the keys alone (the sink is not part of it).
+        double sum_keys = 0.0;
+        for (double v : s) sum_keys += std::exp(v - s_max);
+        result.lse[static_cast<size_t>(t) * H + h] = s_max + std::log(sum_keys);
+
+        // Pass 2: probabilities against m (which includes the sink), and the weighted values.
+        const double m = in.has_sinks ? std::max(s_max, in.sinks.at(h)) : s_max;
+        double z = in.has_sinks ? std::exp(in.sinks.at(h) - m) : 0.0;
+        for (double v : s) z += std::exp(v - m);
+        for (size_t a = 0; a < slots.size(); ++a) {
+          const double p = std::exp(s[a] - m) / z;
+          const double* v = &in.kv.at(static_cast<size_t>(slots[a]) * D);
+          for (int l = 0; l < L; ++l) out[l] += p * v[l];
+        }
+        for (int l = 0; l < L; ++l) out[l] *= in.bmm2_scale;
+      }
+    }
+  }
+  return result;
+}
+
+double bf16_to_double(uint16_t bits) {
+  // bf16 is the upper half of an fp32.
+  return fp32_to_double(static_cast<uint32_t>(bits) << 16);
+}
+
+double fp16_to_double(uint16_t bits) {
+  if (((bits >> 10) & 0x1f) == 0x1f) {
+    if (bits & 0x3ff) return std::numeric_limits<double>::quiet_NaN();
+    return (bits & 0x8000) ? -std::numeric_limits<double>::infinity()
+                           : std::numeric_limits<double>::infinity();
+  }
+  return decode_ieee_like(bits, 5, 10);
+}
+
+double fp8_e4m3fn_to_double(uint8_t bits) {
+  if ((bits & 0x7f) == 0x7f) return std::numeric_limits<double>::quiet_NaN();
+  return decode_ieee_like(bits, 4, 3);
+}
+
+double fp32_to_double(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return static_cast<double>(f);
+}
+
+}  // namespace oracle

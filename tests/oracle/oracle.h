@@ -1,0 +1,74 @@
+// A float64 reference of MLA decode, written from SPEC.md alone. It shares no code with the
+// library: inputs arrive already decoded to double in plain vectors, and the element decoders
+// below are independent of the library's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace oracle {
+
+// How sparse_topk_lens is given (SPEC.md section 2, sparse mode).
+enum class TopkLens { kNone, kPerRequest, kPerToken };
+
+// One decode call. Query tokens are numbered globally: the n_b tokens of request b are tokens
+// first_token(b) .. first_token(b) + n_b - 1 (for a dense [B, q_len] query, t = b * q_len + i).
+struct Input {
+  int batch = 0;              // B
+  int num_heads = 0;          // H
+  int kv_lora_rank = 0;       // L (value width)
+  int rope_dim = 0;           // R; a key row has D = L + R values
+  std::vector<int> q_lens;    // [B] n_b, query tokens of each request
+  std::vector<double> query;  // [T, H, D]
+
+  int page_size = 0;
+  int num_pages = 0;       // P
+  std::vector<double> kv;  // [P * page_size, D]; row `slot` = page * page_size + offset
+
+  int max_pages = 0;                  // dense mode
+  std::vector<int32_t> block_tables;  // [B, max_pages]
+  std::vector<int32_t> seq_lens;      // [B]
+
+  bool has_mask = false;
+  int mask_words = 0;          // W, uint32 words per row
+  std::vector<uint32_t> mask;  // [T, W], little-endian packed bits
+
+  bool has_sinks = false;
+  std::vector<double> sinks;  // [H], natural-log logits, not scaled
+
+  bool sparse = false;
+  int top_k = 0;
+  std::vector<int32_t> sparse_indices;  // [T, top_k] flat slots, -1: no key
+  TopkLens topk_lens_mode = TopkLens::kNone;
+  std::vector<int32_t> topk_lens;  // [B] (kPerRequest) or [T] (kPerToken)
+
+  double bmm1_scale = 1.0;
+  double bmm2_scale = 1.0;
+  // Skip-softmax is an approximation of the exact result; the oracle always computes the exact one
+  // (which f = 1e-30 must reproduce), so this field is informational.
+  double skip_softmax_factor = 0.0;
+
+  int head_dim() const { return kv_lora_rank + rope_dim; }
+  int num_tokens() const;        // T = sum of q_lens
+  int first_token(int b) const;  // sum of q_lens[0 .. b)
+};
+
+struct Output {
+  std::vector<double> out;  // [T, H, L]
+  std::vector<double> lse;  // [T, H]; -inf for an empty attended set
+};
+
+// The attended key set of query token i of request b as KV pool rows (duplicates kept, in order).
+// Throws std::out_of_range when the set would reach outside the pool (a bug in the test).
+std::vector<int64_t> attended_slots(const Input& in, int b, int i);
+
+// SPEC.md section 1 over the sets of section 2, in double, with a two-pass softmax.
+Output reference(const Input& in);
+
+// Bit patterns to values.
+double bf16_to_double(uint16_t bits);
+double fp16_to_double(uint16_t bits);
+double fp8_e4m3fn_to_double(uint8_t bits);  // no infinities; S.1111.111 is NaN
+double fp32_to_double(uint32_t bits);
+
+}  // namespace oracle
