@@ -34,3 +34,22 @@ if(MLA_BUILD_TESTS)
   set(BUILD_GMOCK OFF CACHE BOOL "" FORCE)
   add_subdirectory("${MLA_GTEST_DIR}" "${CMAKE_BINARY_DIR}/_deps/googletest" EXCLUDE_FROM_ALL)
 endif()
+
+# apache-tvm-ffi (pinned: 0.1.15.post2), for the Python package's module. Located through the
+# Python interpreter that has it installed: scripts/build.sh passes the .deps/venv interpreter as
+# Python_EXECUTABLE; a wheel build (pip install .) uses its build environment's.
+if(MLA_BUILD_PYTHON)
+  find_package(Python COMPONENTS Interpreter REQUIRED)
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -m tvm_ffi.config --cmakedir
+    OUTPUT_VARIABLE MLA_TVM_FFI_CMAKE_DIR
+    OUTPUT_STRIP_TRAILING_WHITESPACE
+    RESULT_VARIABLE MLA_TVM_FFI_RESULT
+    ERROR_QUIET)
+  if(NOT MLA_TVM_FFI_RESULT EQUAL 0)
+    message(FATAL_ERROR "MLA_BUILD_PYTHON is ON but ${Python_EXECUTABLE} has no apache-tvm-ffi; "
+                        "run scripts/setup_deps.sh (it creates .deps/venv) or "
+                        "pip install apache-tvm-ffi==0.1.15.post2")
+  endif()
+  find_package(tvm_ffi CONFIG REQUIRED PATHS "${MLA_TVM_FFI_CMAKE_DIR}" NO_DEFAULT_PATH)
+endif()

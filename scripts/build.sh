@@ -10,5 +10,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda=ON
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA="$cuda" "$@" >/dev/null
+# The Python package's module is built against apache-tvm-ffi from the pinned .deps/venv.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA="$cuda" \
+  -DMLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$root/.deps/venv/bin/python" "$@" >/dev/null
 cmake --build build -j "$(nproc)"

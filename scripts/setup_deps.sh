@@ -3,6 +3,8 @@
 # fresh machine, or a machine without network that receives .deps/ as a copy, can build.
 #   CUTLASS/CuTe headers  nvidia-cutlass 4.2.0.0 (PyPI wheel, headers under cutlass_library/source/include)
 #   GoogleTest            1.12.1 (Debian package googletest, sources under /usr/src/googletest)
+#   Python environment    .deps/venv: apache-tvm-ffi 0.1.15.post2 (the Python package's binding),
+#                         scikit-build-core, numpy, ml_dtypes, pytest (PyPI, versions pinned below)
 # Safe to re-run: finished steps are skipped.
 set -euo pipefail
 
@@ -51,4 +53,22 @@ if [ ! -f "$deps/googletest/CMakeLists.txt" ]; then
   cp -r /usr/src/googletest "$deps/googletest"
 fi
 
-echo "setup_deps: CUTLASS $(cat "$deps/cutlass/VERSION"), GoogleTest sources in $deps/googletest"
+# Python environment for the Python package (build and tests). apache-tvm-ffi must stay < 0.2: the
+# module is built against its 0.1 C ABI. Transitive dependencies are pinned too.
+PYTHON_REQUIREMENTS=(
+  apache-tvm-ffi==0.1.15.post2 typing_extensions==4.16.0
+  scikit-build-core==0.11.6 packaging==26.3 pathspec==1.1.1
+  numpy==2.4.6 ml_dtypes==0.5.4
+  pytest==9.2.0 iniconfig==2.3.1 pluggy==1.7.0 Pygments==2.21.0
+)
+venv="$deps/venv"
+if [ "$(cat "$venv/REQUIREMENTS" 2>/dev/null)" != "${PYTHON_REQUIREMENTS[*]}" ]; then
+  echo "setup_deps: creating the Python environment $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${PYTHON_REQUIREMENTS[@]}"
+  echo "${PYTHON_REQUIREMENTS[*]}" > "$venv/REQUIREMENTS"
+fi
+
+echo "setup_deps: CUTLASS $(cat "$deps/cutlass/VERSION"), GoogleTest sources in $deps/googletest," \
+  "Python environment in $venv"

@@ -53,6 +53,8 @@ size_t backend_workspace_size(const detail::Problem& problem) {
   switch (problem.backend) {
     case Backend::kCpu:
       return detail::cpu::workspace_size(problem);
+    case Backend::kSm90:
+      return detail::sm90::workspace_size(problem);
     default:
       // validate() rejects every backend this build does not implement.
       MLA_FAIL(ErrorCode::kUnsupported,
@@ -133,6 +135,7 @@ Plan plan(const DecodeParams& params) {
   const size_t ws_bytes = backend_workspace_size(problem);
   check_workspace(params, ws_bytes);
   // The cpu backend splits work per query token at run time; it writes no schedule.
+  if (problem.backend == Backend::kSm90) detail::sm90::plan(problem, params);
   return make_plan(problem, params, ws_bytes);
 }
 
@@ -144,6 +147,9 @@ void run(const Plan& plan, const DecodeParams& params) {
   switch (problem.backend) {
     case Backend::kCpu:
       detail::cpu::run(problem, params);
+      return;
+    case Backend::kSm90:
+      detail::sm90::run(problem, params);
       return;
     default:
       MLA_FAIL(ErrorCode::kUnsupported,

@@ -25,4 +25,27 @@ void check_indices(const Problem& problem, const DecodeParams& params);
 void run(const Problem& problem, const DecodeParams& params);
 
 }  // namespace cpu
+
+// The Hopper GPU backend (src/sm90/). A build without CUDA (MLA_ENABLE_CUDA=OFF) links stubs that
+// reject it with an error saying so.
+namespace sm90 {
+
+// Throws mla::Error (Unsupported) unless `device` is a CUDA device of compute capability 9.0
+// (no CUDA device or driver, another architecture, or a build without CUDA).
+void check_device(Device device);
+
+// Checks this backend's limits (head dims, heads, page size, query length); throws Unsupported.
+void check_support(const Problem& problem);
+
+// Bytes of device workspace: the checked mode's record and the fp32 split partials. Depends on
+// the shapes and on the device's SM count (which fixes the split count), never on tensor contents.
+size_t workspace_size(const Problem& problem);
+
+// The split is derived on the device from seq_lens by each CTA, so plan writes nothing (v0).
+void plan(const Problem& problem, const DecodeParams& params);
+
+// Launches the decode (and, with validate_indices, the index check first) on params.stream.
+void run(const Problem& problem, const DecodeParams& params);
+
+}  // namespace sm90
 }  // namespace mla::detail

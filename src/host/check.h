@@ -36,16 +36,28 @@ inline std::string strides_str(const TensorView& t) {
 }
 
 inline std::string dtype_str(DataType t) {
-  if (t == dtype::kBFloat16) return "bfloat16";
-  if (t == dtype::kFloat16) return "float16";
-  if (t == dtype::kFloat32) return "float32";
   if (t == dtype::kFloat8E4M3) return "float8_e4m3fn";
-  if (t == dtype::kInt32) return "int32";
-  if (t == dtype::kUInt32) return "uint32";
-  if (t == dtype::kUInt16) return "uint16";
-  if (t == dtype::kUInt8) return "uint8";
-  return "dtype(code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) + ", lanes " +
-         std::to_string(t.lanes) + ")";
+  std::string name;
+  switch (t.code) {
+    case static_cast<uint8_t>(TypeCode::kInt):
+      name = "int";
+      break;
+    case static_cast<uint8_t>(TypeCode::kUInt):
+      name = "uint";
+      break;
+    case static_cast<uint8_t>(TypeCode::kFloat):
+      name = "float";
+      break;
+    case static_cast<uint8_t>(TypeCode::kBfloat):
+      name = "bfloat";
+      break;
+    default:
+      return "dtype(code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) +
+             ", lanes " + std::to_string(t.lanes) + ")";
+  }
+  name += std::to_string(t.bits);
+  if (t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  return name;
 }
 
 inline std::string device_str(Device d) {

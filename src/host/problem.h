@@ -20,6 +20,7 @@ enum class TopkLensMode { kNone, kPerRequest, kPerToken };
 
 struct Problem {
   Backend backend = Backend::kCpu;  // resolved, never kAuto
+  Device device{};                  // the query's (every tensor's) device
   DataType q_dtype{};
   DataType kv_dtype{};
   DataType out_dtype{};

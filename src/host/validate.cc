@@ -126,9 +126,8 @@ Backend resolve_backend(Backend requested, Device device) {
 // Per-backend limits, after the contract-wide checks.
 void check_backend_support(const Problem& p) {
   if (p.backend == Backend::kSm90) {
-    MLA_FAIL(ErrorCode::kUnsupported,
-             "backend: sm90 is not available in this build yet (the Hopper kernels are not "
-             "implemented); CUDA tensors cannot be processed. Use host tensors with backend cpu");
+    sm90::check_support(p);
+    sm90::check_device(p.device);
   }
 }
 
@@ -171,6 +170,7 @@ Problem validate(const DecodeParams& prm) {
   const Device device = prm.query.device;
   check_tensor(prm.query, "query", device);
   p.backend = resolve_backend(prm.backend, device);
+  p.device = device;
   p.ragged = prm.cum_seq_lens_q.defined();
   if (p.ragged) {
     check_rank(prm.query, "query", 3, "[T, H, D] (cum_seq_lens_q given)");

@@ -1,0 +1,29 @@
+# The sm90 (Hopper) backend: host dispatch and the device kernels, or stubs that reject it when
+# the build has no CUDA. Included right after the mla_decode target is declared.
+
+# Limits of the backend, checked on the host in every build.
+target_sources(mla_decode PRIVATE src/sm90/host/support.cc)
+
+if(MLA_ENABLE_CUDA)
+  target_sources(mla_decode PRIVATE
+    src/sm90/host/sm90.cc
+    src/sm90/check/index_check_kernel.cu
+    # One file per (query, kv_cache) pair and per out dtype: the supported set, compiled in parallel.
+    src/sm90/decode/v0/split_kv_bf16_bf16.cu
+    src/sm90/decode/v0/split_kv_fp16_fp16.cu
+    src/sm90/decode/v0/split_kv_fp8_fp8.cu
+    src/sm90/decode/v0/split_kv_bf16_fp8.cu
+    src/sm90/decode/v0/combine_bf16.cu
+    src/sm90/decode/v0/combine_fp16.cu
+  )
+  set_target_properties(mla_decode PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+  target_link_libraries(mla_decode PUBLIC CUDA::cudart_static)
+  # ptxas reports registers, shared memory and spills of every kernel; MLA_PTXAS_VERBOSE=OFF
+  # silences it.
+  option(MLA_PTXAS_VERBOSE "Print ptxas resource usage of the device kernels" ON)
+  target_compile_options(mla_decode PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo -Xcompiler=-Wall,-Wextra>
+    $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${MLA_PTXAS_VERBOSE}>>:-Xptxas=-v,-warn-spills,-warn-lmem-usage>)
+else()
+  target_sources(mla_decode PRIVATE src/sm90/host/unavailable.cc)
+endif()

@@ -1,0 +1,84 @@
+// Device helpers shared by the sm90 kernels: the architecture guard, element loads and stores,
+// programmatic dependent launch, and the launch helper.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "sm90/params.h"
+
+// Device code of this backend is written for sm_90a only: any other target fails to compile.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900)
+#error "mla-decode sm90 kernels must be compiled for sm_90a only (CMAKE_CUDA_ARCHITECTURES 90a)"
+#endif
+
+#define MLA_DEVICE_ASSERT(cond) \
+  do {                          \
+    if (!(cond)) __trap();      \
+  } while (0)
+
+namespace mla::sm90 {
+
+inline constexpr float kNegInf = -__builtin_huge_valf();
+
+template <Elem E>
+struct ElemTraits;
+template <>
+struct ElemTraits<Elem::kBf16> {
+  using Storage = __nv_bfloat16;
+  static __device__ __forceinline__ float load(const Storage* p, int64_t i) {
+    return __bfloat162float(p[i]);
+  }
+  static __device__ __forceinline__ void store(Storage* p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+  }
+};
+template <>
+struct ElemTraits<Elem::kFp16> {
+  using Storage = __half;
+  static __device__ __forceinline__ float load(const Storage* p, int64_t i) {
+    return __half2float(p[i]);
+  }
+  static __device__ __forceinline__ void store(Storage* p, int64_t i, float v) {
+    p[i] = __float2half_rn(v);
+  }
+};
+template <>
+struct ElemTraits<Elem::kFp8E4M3> {
+  using Storage = __nv_fp8_e4m3;
+  static __device__ __forceinline__ float load(const Storage* p, int64_t i) {
+    return static_cast<float>(p[i]);
+  }
+};
+
+// Programmatic dependent launch: wait for the grids this one depends on (a no-op when launched
+// without the attribute), and let the next grid start its prologue.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// Launches `kernel` with cudaLaunchKernelEx; with `pdl`, as a programmatic dependent of the
+// previous work in the stream.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace mla::sm90

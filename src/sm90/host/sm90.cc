@@ -1,0 +1,415 @@
+// sm90 backend, host side: device checks, split policy, workspace layout, kernel parameters and
+// launches. Nothing here allocates, syncs or copies to the host, except the opt-in checked mode,
+// which syncs once to report a bad index before the decode is launched.
+//
+// Workspace layout (bytes; every piece 256-byte aligned):
+//   [0, 256)                       checked mode record: one uint64 key (IndexCheck), ~0 when clean
+//   partial_max [S, T, H] fp32     running max of each split row (-inf: the split saw no key)
+//   partial_sum [S, T, H] fp32     sum of exp(s - max)
+//   partial_acc [S, T, H, L] fp32  unnormalized sum of exp(s - max) * v
+// with S = num_splits (split_count below), T query tokens, H heads, L = 512.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "host/backends.h"
+#include "host/check.h"
+#include "sm90/decode/v0/launch.h"
+#include "sm90/params.h"
+
+namespace mla::detail::sm90 {
+namespace {
+
+using ::mla::sm90::DecodeKernelParams;
+using ::mla::sm90::Elem;
+using ::mla::sm90::IndexCheck;
+using ::mla::sm90::IndexCheckParams;
+namespace v0 = ::mla::sm90::v0;
+
+constexpr int64_t kAlign = 256;
+constexpr int64_t kMinKeysPerSplit = 256;  // a split handles at least this many keys
+constexpr int64_t kMaxSplits = 64;
+
+int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#define MLA_CUDA_CHECK(expr, what)                                                                \
+  do {                                                                                            \
+    const cudaError_t mla_cuda_err_ = (expr);                                                     \
+    if (mla_cuda_err_ != cudaSuccess) {                                                           \
+      MLA_FAIL(ErrorCode::kRuntimeError,                                                          \
+               "backend sm90: " << what << " failed: " << cudaGetErrorName(mla_cuda_err_) << " (" \
+                                << cudaGetErrorString(mla_cuda_err_) << ")");                     \
+    }                                                                                             \
+  } while (0)
+
+// Makes `device` current for the scope; restores the caller's device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device)
+      MLA_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice(" << device << ")");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) {
+      cudaSetDevice(previous_);
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Per-device facts, read once: compute capability and SM count (0: not read yet).
+constexpr int kMaxDevices = 64;
+std::array<std::atomic<int>, kMaxDevices> g_sm_count{};
+std::array<std::atomic<int>, kMaxDevices> g_cc{};  // major * 10 + minor
+
+int sm_count(int device) {
+  int count = device < kMaxDevices ? g_sm_count[device].load() : 0;
+  if (count == 0) {
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+                   "cudaDeviceGetAttribute(MultiProcessorCount, " << device << ")");
+    if (device < kMaxDevices) g_sm_count[device].store(count);
+  }
+  return count;
+}
+
+// Upper bound of the splits per query token, from shapes only: enough CTAs for two waves, at least
+// kMinKeysPerSplit keys per split.
+int64_t split_count(const Problem& p) {
+  if (p.num_tokens == 0) return 1;
+  const int64_t head_groups = ceil_div(p.num_heads, v0::kHeadsPerCta);
+  const int64_t want = ceil_div(2 * sm_count(p.device.device_id), p.num_tokens * head_groups);
+  const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
+  const int64_t cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
+  return std::clamp<int64_t>(want, 1, std::min(cap, kMaxSplits));
+}
+
+struct Layout {
+  int64_t splits = 1;
+  int64_t max_offset = 0, sum_offset = 0, acc_offset = 0, bytes = 0;
+};
+
+Layout layout_of(const Problem& p) {
+  Layout l;
+  if (p.batch == 0) return l;
+  l.splits = split_count(p);
+  const int64_t rows = l.splits * p.num_tokens * p.num_heads;
+  l.max_offset = kAlign;  // after the checked mode's record
+  l.sum_offset = l.max_offset + align_up(rows * 4);
+  l.acc_offset = l.sum_offset + align_up(rows * 4);
+  l.bytes = l.acc_offset + align_up(rows * p.L * 4);
+  return l;
+}
+
+Elem elem_of(DataType t) {
+  if (t == dtype::kBFloat16) return Elem::kBf16;
+  if (t == dtype::kFloat16) return Elem::kFp16;
+  return Elem::kFp8E4M3;  // validate() admits no other dtype on this backend
+}
+
+int log2_exact(int64_t v) {
+  int s = 0;
+  while ((int64_t{1} << s) < v) ++s;
+  return s;
+}
+
+// ---- checked mode ----
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+template <typename T>
+T read_one(const void* base, int64_t index) {
+  T value{};
+  MLA_CUDA_CHECK(
+      cudaMemcpy(&value, static_cast<const T*>(base) + index, sizeof(T), cudaMemcpyDeviceToHost),
+      "reading an index entry back");
+  return value;
+}
+
+// "name[b][i]" for [B, q_len, ...] tensors, "name[t]" for ragged [T, ...] ones.
+std::string token_entry(const char* name, const Problem& p, int64_t t) {
+  if (p.ragged) return std::string(name) + "[" + str(t) + "]";
+  return std::string(name) + "[" + str(t / p.q_len) + "][" + str(t % p.q_len) + "]";
+}
+
+[[noreturn]] void report_bad_index(const Problem& p, const DecodeParams& prm,
+                                   unsigned long long key) {
+  const auto kind = static_cast<IndexCheck>(key >> ::mla::sm90::kIndexCheckShift);
+  const int64_t k = static_cast<int64_t>(key & ((1ull << ::mla::sm90::kIndexCheckShift) - 1));
+  std::string msg;
+  switch (kind) {
+    case IndexCheck::kSeqLens: {
+      const int64_t len = read_one<int32_t>(prm.seq_lens.data, k * prm.seq_lens.strides[0]);
+      msg = "seq_lens[" + str(k) + "]: " + str(len);
+      if (len < 0) {
+        msg += " is negative";
+      } else if (len > p.max_seq_len) {
+        msg += " exceeds max_seq_len " + str(p.max_seq_len);
+      } else {
+        msg += " exceeds the block_tables capacity " + str(p.max_pages * p.page_size) + " (" +
+               str(p.max_pages) + " pages of " + str(p.page_size) + ")";
+      }
+      break;
+    }
+    case IndexCheck::kCumSeqLensQ: {
+      const void* cum = prm.cum_seq_lens_q.data;
+      if (k == 0) {
+        msg = "cum_seq_lens_q[0]: expected 0, got " + str(read_one<int32_t>(cum, 0));
+      } else if (k <= p.batch) {
+        const int64_t lo = read_one<int32_t>(cum, k - 1), hi = read_one<int32_t>(cum, k);
+        const int64_t n = hi - lo;
+        msg = "cum_seq_lens_q[" + str(k) + "]: ";
+        if (n < 0) {
+          msg += str(hi) + " is less than cum_seq_lens_q[" + str(k - 1) + "] = " + str(lo) +
+                 " (must be non-decreasing)";
+        } else if (n > p.max_q_len) {
+          msg += "request " + str(k - 1) + " has " + str(n) +
+                 " query tokens, more than max_q_len " + str(p.max_q_len);
+        } else {
+          msg += "request " + str(k - 1) + " has " + str(n) + " query tokens, more than the " +
+                 str(p.mask_words * 32) + " bits of a mask row (" + str(p.mask_words) +
+                 " uint32 words)";
+        }
+      } else {
+        msg = "cum_seq_lens_q[" + str(p.batch) + "]: expected the query token count " +
+              str(p.num_tokens) + ", got " + str(read_one<int32_t>(cum, p.batch));
+      }
+      break;
+    }
+    case IndexCheck::kBlockTables: {
+      const int64_t b = k / p.max_pages, page = k % p.max_pages;
+      const int64_t id = read_one<int32_t>(prm.block_tables.data, b * p.block_table_stride + page);
+      msg = "block_tables[" + str(b) + "][" + str(page) + "]: page id " + str(id) +
+            " out of range [0, " + str(p.num_pages) + ")";
+      break;
+    }
+    case IndexCheck::kTopkLens: {
+      const bool per_request = p.topk_lens_mode == TopkLensMode::kPerRequest;
+      const int64_t offset =
+          per_request ? k * p.topk_lens.batch
+          : p.ragged  ? k * p.topk_lens.token
+                      : (k / p.q_len) * p.topk_lens.batch + (k % p.q_len) * p.topk_lens.token;
+      const int64_t len = read_one<int32_t>(prm.sparse_topk_lens.data, offset);
+      msg = (per_request ? "sparse_topk_lens[" + str(k) + "]"
+                         : token_entry("sparse_topk_lens", p, k)) +
+            ": " + str(len) + " out of range [0, " + str(p.top_k) + "]";
+      break;
+    }
+    case IndexCheck::kSparseIndices: {
+      const int64_t t = k / p.top_k, e = k % p.top_k;
+      const int64_t offset = p.ragged ? t * p.sparse_indices.token
+                                      : (t / p.q_len) * p.sparse_indices.batch +
+                                            (t % p.q_len) * p.sparse_indices.token;
+      const int64_t slot = read_one<int32_t>(prm.sparse_indices.data, offset + e);
+      msg = token_entry("sparse_indices", p, t) + "[" + str(e) + "]: slot " + str(slot) +
+            " out of range [-1, " + str(p.num_pages * p.page_size) + ")";
+      break;
+    }
+    default:
+      msg = "index check: unknown record " + str(static_cast<int64_t>(key));
+  }
+  throw Error(ErrorCode::kBadIndex, msg);
+}
+
+void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace,
+                   cudaStream_t stream) {
+  IndexCheckParams c;
+  c.seq_lens = static_cast<const int32_t*>(prm.seq_lens.data);
+  if (p.ragged) c.cum_seq_lens_q = static_cast<const int32_t*>(prm.cum_seq_lens_q.data);
+  if (p.sparse) {
+    c.sparse_indices = static_cast<const int32_t*>(prm.sparse_indices.data);
+    if (p.topk_lens_mode != TopkLensMode::kNone) {
+      c.topk_lens = static_cast<const int32_t*>(prm.sparse_topk_lens.data);
+    }
+  } else {
+    c.block_tables = static_cast<const int32_t*>(prm.block_tables.data);
+  }
+  c.record = reinterpret_cast<unsigned long long*>(workspace);
+  c.batch = static_cast<int32_t>(p.batch);
+  c.num_tokens = static_cast<int32_t>(p.num_tokens);
+  c.q_len = static_cast<int32_t>(p.q_len);
+  c.max_pages = static_cast<int32_t>(p.max_pages);
+  c.page_size = static_cast<int32_t>(p.page_size);
+  c.num_pages = static_cast<int32_t>(p.num_pages);
+  c.top_k = static_cast<int32_t>(p.top_k);
+  c.max_seq_len = static_cast<int32_t>(std::min<int64_t>(p.max_seq_len, INT32_MAX));
+  c.max_q_len = static_cast<int32_t>(std::min<int64_t>(p.max_q_len, INT32_MAX));
+  c.mask_bits = p.has_mask && !p.sparse ? static_cast<int32_t>(p.mask_words * 32) : 0;
+  c.topk_lens_per_token = p.topk_lens_mode == TopkLensMode::kPerToken;
+  c.block_table_stride = p.block_table_stride;
+  c.si_batch = p.sparse_indices.batch;
+  c.si_token = p.sparse_indices.token;
+  c.tl_batch = p.topk_lens.batch;
+  c.tl_token = p.topk_lens.token;
+
+  MLA_CUDA_CHECK(cudaMemsetAsync(c.record, 0xff, sizeof(unsigned long long), stream),
+                 "clearing the index check record");
+  MLA_CUDA_CHECK(v0::launch_index_check(c, stream, prm.enable_pdl), "launching the index check");
+  unsigned long long key = 0;
+  MLA_CUDA_CHECK(cudaMemcpyAsync(&key, c.record, sizeof(key), cudaMemcpyDeviceToHost, stream),
+                 "reading the index check record");
+  MLA_CUDA_CHECK(cudaStreamSynchronize(stream), "the index check");
+  if (key != ::mla::sm90::kNoBadIndex) report_bad_index(p, prm, key);
+}
+
+// ---- the decode ----
+
+DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint8_t* workspace,
+                                 const Layout& layout) {
+  DecodeKernelParams k;
+  k.query = prm.query.data;
+  k.kv = prm.kv_cache.data;
+  if (!p.sparse) k.block_tables = static_cast<const int32_t*>(prm.block_tables.data);
+  k.seq_lens = static_cast<const int32_t*>(prm.seq_lens.data);
+  if (p.ragged) k.cum_seq_lens_q = static_cast<const int32_t*>(prm.cum_seq_lens_q.data);
+  if (p.has_sinks) {
+    k.sinks = static_cast<const float*>(prm.sinks.data);
+    k.sinks_stride = prm.sinks.strides[0];
+  }
+  if (p.has_mask && !p.sparse) {
+    const int64_t bytes = prm.mask.dtype.bits / 8;
+    k.mask = static_cast<const uint8_t*>(prm.mask.data);
+    k.mask_batch = p.mask.batch * bytes;
+    k.mask_token = p.mask.token * bytes;
+  }
+  if (p.sparse) {
+    k.sparse_indices = static_cast<const int32_t*>(prm.sparse_indices.data);
+    k.si_batch = p.sparse_indices.batch;
+    k.si_token = p.sparse_indices.token;
+    if (p.topk_lens_mode != TopkLensMode::kNone) {
+      k.topk_lens = static_cast<const int32_t*>(prm.sparse_topk_lens.data);
+      k.tl_batch = p.topk_lens.batch;
+      k.tl_token = p.topk_lens.token;
+    }
+  }
+  if (p.has_bmm1_tensor) k.bmm1_scale_ptr = static_cast<const float*>(prm.bmm1_scale_tensor.data);
+  if (p.has_bmm2_tensor) k.bmm2_scale_ptr = static_cast<const float*>(prm.bmm2_scale_tensor.data);
+  k.out = prm.out.data;
+  if (p.has_lse) k.lse = static_cast<float*>(prm.lse.data);
+  k.partial_max = reinterpret_cast<float*>(workspace + layout.max_offset);
+  k.partial_sum = reinterpret_cast<float*>(workspace + layout.sum_offset);
+  k.partial_acc = reinterpret_cast<float*>(workspace + layout.acc_offset);
+
+  k.batch = static_cast<int32_t>(p.batch);
+  k.num_tokens = static_cast<int32_t>(p.num_tokens);
+  k.q_len = static_cast<int32_t>(p.q_len);
+  k.num_heads = static_cast<int32_t>(p.num_heads);
+  k.num_splits = static_cast<int32_t>(layout.splits);
+  k.page_size = static_cast<int32_t>(p.page_size);
+  k.page_shift = log2_exact(p.page_size);
+  k.num_pages = static_cast<int32_t>(p.num_pages);
+  k.top_k = static_cast<int32_t>(p.top_k);
+  k.q_batch = p.q.batch;
+  k.q_token = p.q.token;
+  k.q_head = p.q.head;
+  k.out_batch = p.out.batch;
+  k.out_token = p.out.token;
+  k.out_head = p.out.head;
+  k.lse_batch = p.lse.batch;
+  k.lse_token = p.lse.token;
+  k.lse_head = p.lse.head;
+  k.kv_page_stride = p.kv_page_stride;
+  k.kv_row_stride = p.kv_row_stride;
+  k.block_table_stride = p.block_table_stride;
+  k.bmm1_scale = prm.bmm1_scale;
+  k.bmm2_scale = prm.bmm2_scale;
+  k.skip_softmax_factor = p.skip_softmax_factor;
+  return k;
+}
+
+cudaError_t launch_split_kv(Elem q, Elem kv, const DecodeKernelParams& k, cudaStream_t stream,
+                            bool pdl) {
+  if (q == Elem::kBf16 && kv == Elem::kBf16) {
+    return v0::launch_split_kv<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
+  }
+  if (q == Elem::kFp16 && kv == Elem::kFp16) {
+    return v0::launch_split_kv<Elem::kFp16, Elem::kFp16>(k, stream, pdl);
+  }
+  if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
+    return v0::launch_split_kv<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
+    return v0::launch_split_kv<Elem::kBf16, Elem::kFp8E4M3>(k, stream, pdl);
+  }
+  MLA_FAIL(ErrorCode::kUnsupported, "backend sm90: no kernel for this (query, kv_cache) pair");
+}
+
+}  // namespace
+
+void check_device(Device device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    MLA_FAIL(ErrorCode::kUnsupported,
+             "backend: sm90 is not available: no CUDA device found for "
+                 << device_str(device) << " (cudaGetDeviceCount: "
+                 << (err != cudaSuccess
+                         ? std::string(cudaGetErrorName(err)) + ", " + cudaGetErrorString(err)
+                         : std::string("0 devices"))
+                 << ")");
+  }
+  const int id = device.device_id;
+  MLA_CHECK_ARG(
+      id >= 0 && id < count, ErrorCode::kDeviceError,
+      "query: expected a CUDA device id in [0, " << count << "), got " << device_str(device));
+  int cc = id < kMaxDevices ? g_cc[id].load() : 0;
+  if (cc == 0) {
+    int major = 0, minor = 0;
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, id),
+                   "cudaDeviceGetAttribute(ComputeCapabilityMajor, " << id << ")");
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, id),
+                   "cudaDeviceGetAttribute(ComputeCapabilityMinor, " << id << ")");
+    cc = major * 10 + minor;
+    if (id < kMaxDevices) g_cc[id].store(cc);
+  }
+  if (cc != 90) {
+    cudaDeviceProp prop{};
+    std::string name = "unknown";
+    if (cudaGetDeviceProperties(&prop, id) == cudaSuccess) name = prop.name;
+    MLA_FAIL(ErrorCode::kUnsupported,
+             "backend: sm90 needs a compute capability 9.0 (Hopper) GPU, but "
+                 << device_str(device) << " is " << name << " with compute capability " << cc / 10
+                 << "." << cc % 10 << "; no other GPU backend is available");
+  }
+}
+
+size_t workspace_size(const Problem& problem) {
+  DeviceGuard guard(problem.device.device_id);
+  return static_cast<size_t>(layout_of(problem).bytes);
+}
+
+void plan(const Problem&, const DecodeParams&) {
+  // v0: each CTA derives its key range from seq_lens on the device; there is no schedule to write.
+}
+
+void run(const Problem& p, const DecodeParams& prm) {
+  if (p.batch == 0) return;
+  DeviceGuard guard(p.device.device_id);
+  const auto stream = static_cast<cudaStream_t>(prm.stream);
+  auto* workspace = static_cast<uint8_t*>(prm.workspace.data);
+  const Layout layout = layout_of(p);
+  if (prm.validate_indices) check_indices(p, prm, workspace, stream);
+  if (p.num_tokens == 0) return;
+
+  const DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
+  MLA_CUDA_CHECK(
+      launch_split_kv(elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
+      "launching the split-KV decode kernel");
+  const cudaError_t err = p.out_dtype == dtype::kBFloat16
+                              ? v0::launch_combine<Elem::kBf16>(k, stream, prm.enable_pdl)
+                              : v0::launch_combine<Elem::kFp16>(k, stream, prm.enable_pdl);
+  MLA_CUDA_CHECK(err, "launching the combine kernel");
+}
+
+}  // namespace mla::detail::sm90

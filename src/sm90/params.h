@@ -1,0 +1,108 @@
+// The kernel ABI of the sm90 backend: one plain struct, filled once from detail::Problem and
+// DecodeParams at the dispatch boundary (src/sm90/host/sm90.cc). Strides count elements.
+#pragma once
+
+#include <cstdint>
+
+namespace mla::sm90 {
+
+// Element formats of the kernels' template parameters (one instantiation per supported set).
+enum class Elem : int { kBf16 = 0, kFp16 = 1, kFp8E4M3 = 2 };
+
+// Keys per online-softmax block, per skip-softmax decision and per split unit.
+inline constexpr int kBlockKeys = 64;
+
+// Bytes at the start of the workspace that hold the checked mode's record (the first bad index).
+inline constexpr int64_t kCheckRecordBytes = 256;
+
+struct DecodeKernelParams {
+  // Inputs.
+  const void* query = nullptr;            // [B, q_len, H, D] / [T, H, D], Q dtype
+  const void* kv = nullptr;               // [P, page_size, D] (4-D: [P, 1, page_size, D]), KV dtype
+  const int32_t* block_tables = nullptr;  // [B, max_pages] int32; dense mode
+  const int32_t* seq_lens = nullptr;      // [B] int32
+  const int32_t* cum_seq_lens_q = nullptr;  // [B + 1] int32; ragged queries, else null
+  const float* sinks = nullptr;             // [H] fp32, optional
+  const uint8_t* mask = nullptr;            // [B, q_len, W] / [T, W] uint32 words, optional
+  const int32_t* sparse_indices = nullptr;  // [B, q_len, top_k] / [T, top_k] int32; sparse mode
+  const int32_t* topk_lens = nullptr;       // [B] or [B, q_len] / [T] int32, optional
+  const float* bmm1_scale_ptr = nullptr;    // [1] fp32, optional; replaces bmm1_scale
+  const float* bmm2_scale_ptr = nullptr;    // [1] fp32, optional; replaces bmm2_scale
+
+  // Outputs.
+  void* out = nullptr;   // [B, q_len, H, L] / [T, H, L], out dtype
+  float* lse = nullptr;  // [B, q_len, H] / [T, H] fp32, optional
+
+  // Workspace: fp32 partials of every (split, token, head) row.
+  float* partial_acc = nullptr;  // [num_splits, T, H, L] fp32, unnormalized sum of p * v
+  float* partial_max = nullptr;  // [num_splits, T, H] fp32, running max (-inf: no key)
+  float* partial_sum = nullptr;  // [num_splits, T, H] fp32, sum of exp(s - max)
+
+  // Sizes.
+  int32_t batch = 0;       // B
+  int32_t num_tokens = 0;  // T = B * q_len, or cum_seq_lens_q[B]
+  int32_t q_len = 0;       // dense query length; 0 when ragged
+  int32_t num_heads = 0;   // H
+  int32_t num_splits = 0;  // splits per query token (an upper bound; a split may be empty)
+  int32_t page_size = 0;   // a power of two
+  int32_t page_shift = 0;  // log2(page_size)
+  int32_t num_pages = 0;   // P
+  int32_t top_k = 0;       // > 0: sparse mode
+
+  // Element strides of the per-token tensors: element (b, t, h) at b * batch + t * token + h * head
+  // with t = i (dense) or t = cum_seq_lens_q[b] + i (ragged; batch stride 0).
+  int64_t q_batch = 0, q_token = 0, q_head = 0;
+  int64_t out_batch = 0, out_token = 0, out_head = 0;
+  int64_t lse_batch = 0, lse_token = 0, lse_head = 0;
+  int64_t mask_batch = 0, mask_token = 0;  // in BYTES: uint32 and uint16 masks share a layout
+  int64_t si_batch = 0, si_token = 0;      // sparse_indices rows
+  int64_t tl_batch = 0, tl_token = 0;      // topk_lens (per request: tl_token 0)
+  int64_t kv_page_stride = 0;              // between physical pages
+  int64_t kv_row_stride = 0;               // between tokens of one page
+  int64_t block_table_stride = 0;          // between requests
+  int64_t sinks_stride = 1;
+
+  // Scalars.
+  float bmm1_scale = 1.0f;           // used when bmm1_scale_ptr is null
+  float bmm2_scale = 1.0f;           // used when bmm2_scale_ptr is null
+  float skip_softmax_factor = 0.0f;  // f > 0 enables skip-softmax
+};
+
+// What the checked mode inspects; the first bad entry lands in the workspace record.
+struct IndexCheckParams {
+  const int32_t* block_tables = nullptr;    // [B, max_pages]; dense mode
+  const int32_t* seq_lens = nullptr;        // [B]
+  const int32_t* cum_seq_lens_q = nullptr;  // [B + 1], ragged only
+  const int32_t* sparse_indices = nullptr;  // sparse mode
+  const int32_t* topk_lens = nullptr;       // optional
+  unsigned long long* record = nullptr;     // [1] in the workspace: the smallest bad key
+
+  int32_t batch = 0;
+  int32_t num_tokens = 0;
+  int32_t q_len = 0;  // dense; 0 when ragged
+  int32_t max_pages = 0;
+  int32_t page_size = 0;
+  int32_t num_pages = 0;
+  int32_t top_k = 0;
+  int32_t max_seq_len = 0;
+  int32_t max_q_len = 0;
+  int32_t mask_bits = 0;  // > 0: a dense custom mask of this many bits per row
+  bool topk_lens_per_token = false;
+  int64_t block_table_stride = 0;
+  int64_t si_batch = 0, si_token = 0;
+  int64_t tl_batch = 0, tl_token = 0;
+};
+
+// Key of a bad entry: the check (in the cpu backend's order) in the top bits, then the entry.
+// The smallest key over all bad entries is reported.
+enum class IndexCheck : unsigned long long {
+  kSeqLens = 0,
+  kCumSeqLensQ = 1,
+  kBlockTables = 2,
+  kTopkLens = 3,
+  kSparseIndices = 4,
+};
+inline constexpr int kIndexCheckShift = 56;
+inline constexpr unsigned long long kNoBadIndex = ~0ull;
+
+}  // namespace mla::sm90

@@ -1,0 +1,468 @@
+// One decode call of the sweeps, built with test hygiene: fresh random inputs, NaN-poisoned out and
+// lse, KV rows past seq_len and unused pages NaN, invalid page ids in unused block_tables slots,
+// pages handed out in a random permutation, garbage in the workspace. Shared by the backends'
+// decode tests; the float64 oracle sees the same numbers, decoded.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/test_util.h"
+#include "mla/mla.h"
+#include "oracle/oracle.h"
+
+namespace mla_test::decode_case {
+
+using mla::DataType;
+using mla::TensorView;
+using mla_test::Buffer;
+namespace dt = mla::dtype;
+
+enum class Mask { kNone, kU32, kU16 };
+
+// One decode call, described by what matters to the sweep; build() turns it into tensors.
+struct Case {
+  int B = 2;
+  int H = 16;
+  int L = 32;  // kv_lora_rank; small unless the point is the DeepSeek shape
+  int R = 16;  // qk_rope_head_dim
+  int q_len = 1;
+  std::vector<int> ragged_q_lens;  // non-empty: ragged query [T, H, D] with cum_seq_lens_q
+  bool max_q_len_hint = false;     // ragged: pass max_q_len
+  std::vector<int> seq_lens;       // [B]; sparse mode: ignored by the math
+  int page_size = 16;
+  DataType q_dtype = dt::kBFloat16;
+  DataType kv_dtype = dt::kBFloat16;
+  DataType out_dtype = dt::kBFloat16;
+  bool lse = true;
+  bool sinks = false;
+  double sink_lo = -2.0, sink_hi = 3.0;
+  Mask mask = Mask::kNone;
+  int top_k = 0;  // > 0: sparse mode
+  oracle::TopkLens topk_lens = oracle::TopkLens::kNone;
+  bool scale_tensors = false;  // bmm1/bmm2 as 1-element fp32 tensors (host floats set to garbage)
+  double bmm1 = 0.0;           // 0: 4 / sqrt(D), scores of spread ~1.3
+  double bmm2 = 1.0;
+  float skip = 0.0f;     // skip_softmax_threshold_scale_factor
+  bool strided = false;  // padded strides on query, kv, block_tables, out
+  bool kv4d = false;     // kv_cache as [P, 1, page_size, D]
+  uint64_t seed = 1;
+};
+
+inline std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "x" : "") + std::to_string(v[i]);
+  return s;
+}
+
+inline std::string case_name(const Case& c) {
+  std::ostringstream s;
+  s << "B" << c.B << "_H" << c.H;
+  if (c.L != 32 || c.R != 16) s << "_L" << c.L << "R" << c.R;
+  if (c.ragged_q_lens.empty()) {
+    s << "_q" << c.q_len;
+  } else {
+    s << "_ragged" << join(c.ragged_q_lens) << (c.max_q_len_hint ? "hint" : "");
+  }
+  s << "_seq" << join(c.seq_lens);
+  s << "_ps" << c.page_size << "_" << mla_test::dtype_name(c.q_dtype) << "x"
+    << mla_test::dtype_name(c.kv_dtype) << "_out" << mla_test::dtype_name(c.out_dtype);
+  if (!c.lse) s << "_nolse";
+  if (c.sinks) s << "_sinks";
+  if (c.mask == Mask::kU32) s << "_mask32";
+  if (c.mask == Mask::kU16) s << "_mask16";
+  if (c.top_k > 0) {
+    s << "_topk" << c.top_k;
+    if (c.topk_lens == oracle::TopkLens::kPerRequest) s << "_lensreq";
+    if (c.topk_lens == oracle::TopkLens::kPerToken) s << "_lenstok";
+  }
+  if (c.scale_tensors) s << "_scaletensor";
+  if (c.bmm1 != 0.0 || c.bmm2 != 1.0) {  // in thousandths; bmm1 0 is the default 4 / sqrt(D)
+    s << "_bmm" << static_cast<int>(std::lround(c.bmm1 * 1000)) << "m"
+      << static_cast<int>(std::lround(c.bmm2 * 1000)) << "m";
+  }
+  if (c.skip > 0) s << "_skip";
+  if (c.strided) s << "_strided";
+  if (c.kv4d) s << "_kv4d";
+  return s.str();
+}
+
+inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << case_name(c); }
+
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The tensors of one call, the oracle's view of the same numbers, and where each output lives.
+// Not movable: params points into the buffers.
+struct Built {
+  Case c;
+  int T = 0;  // query tokens
+  int D = 0;  // L + R
+  int num_pages = 0;
+  std::vector<int> q_lens;  // [B] n_b
+
+  // Storage behind params.
+  Buffer query, kv, out, lse;
+  std::vector<int32_t> block_tables, seq_lens, cum_seq_lens_q, sparse_indices, topk_lens;
+  std::vector<uint32_t> mask;  // viewed as uint16 for Mask::kU16
+  std::vector<float> sinks;
+  float bmm1_value = 1.0f, bmm2_value = 1.0f;
+  std::vector<uint8_t> workspace;
+
+  // Layout.
+  std::vector<int64_t> q_row;     // [T * H] element offset of query row (t, h)
+  std::vector<int64_t> out_row;   // [T * H] element offset of out row (t, h)
+  std::vector<bool> out_logical;  // [out.count()] false for padding
+  int64_t kv_page_stride = 0, kv_row_stride = 0;
+  int64_t max_pages = 0, block_table_stride = 0;
+
+  mla::DecodeParams params;
+  oracle::Input in;  // the same numbers, decoded
+
+  Built() = default;
+  Built(const Built&) = delete;
+  Built& operator=(const Built&) = delete;
+
+  // Fresh garbage in the workspace and NaN in out and lse.
+  void reset_outputs(uint64_t seed) {
+    out.poison();
+    lse.poison();
+    mla_test::Rng rng(seed);
+    for (auto& byte : workspace) byte = static_cast<uint8_t>(rng.bits32());
+  }
+  // Overwrite one query element / one element of key j of request r, in the tensor and the oracle.
+  void set_query(int t, int h, int d, double x) {
+    in.query[(static_cast<size_t>(t) * c.H + h) * D + d] = query.set(q_row[t * c.H + h] + d, x);
+  }
+  void set_key(int r, int j, int d, double x) {
+    const int64_t page = block_tables[r * block_table_stride + j / c.page_size];
+    const int64_t slot = page * c.page_size + j % c.page_size;
+    in.kv[slot * D + d] = kv.set(page * kv_page_stride + (j % c.page_size) * kv_row_stride + d, x);
+  }
+
+  bool outputs_untouched() const {
+    for (int64_t i = 0; i < out.count(); ++i) {
+      if (!out.is_poison(i)) return false;
+    }
+    for (int64_t i = 0; i < lse.count(); ++i) {
+      if (!lse.is_poison(i)) return false;
+    }
+    return true;
+  }
+};
+
+inline std::unique_ptr<Built> build(const Case& c) {
+  auto bp = std::make_unique<Built>();
+  Built& b = *bp;
+  b.c = c;
+  mla_test::Rng rng(c.seed * 7919 + 17);
+  const bool ragged = !c.ragged_q_lens.empty();
+  const bool sparse = c.top_k > 0;
+  const int B = c.B, H = c.H, L = c.L, D = c.L + c.R;
+  b.D = D;
+  b.q_lens = ragged ? c.ragged_q_lens : std::vector<int>(B, c.q_len);
+  b.T = std::accumulate(b.q_lens.begin(), b.q_lens.end(), 0);
+  const int T = b.T;
+  int max_n = 1;
+  for (int n : b.q_lens) max_n = std::max(max_n, n);
+  std::vector<int> first(B + 1, 0);
+  for (int r = 0; r < B; ++r) first[r + 1] = first[r] + b.q_lens[r];
+  auto token = [&](int r, int i) { return first[r] + i; };
+
+  oracle::Input& in = b.in;
+  in.batch = B;
+  in.num_heads = H;
+  in.kv_lora_rank = c.L;
+  in.rope_dim = c.R;
+  in.q_lens = b.q_lens;
+  in.page_size = c.page_size;
+  in.seq_lens = c.seq_lens;
+  mla::DecodeParams& p = b.params;
+  p.backend = mla::Backend::kCpu;
+  p.kv_lora_rank = c.L;
+  p.qk_rope_head_dim = c.R;
+  p.qk_nope_head_dim = 128;
+
+  // Query: [B, q_len, H, D] or [T, H, D], padding NaN.
+  const int pad = c.strided ? 1 : 0;
+  {
+    const int64_t hs = D + 8 * pad, ts = H * hs + 24 * pad, bs = c.q_len * ts + 40 * pad;
+    b.query = Buffer(c.q_dtype, ragged ? T * ts : B * bs);
+    in.query.assign(static_cast<size_t>(T) * H * D, 0.0);
+    b.q_row.assign(static_cast<size_t>(T) * H, 0);
+    for (int r = 0; r < B; ++r) {
+      for (int i = 0; i < b.q_lens[r]; ++i) {
+        const int t = token(r, i);
+        const int64_t base = ragged ? t * ts : r * bs + i * ts;
+        for (int h = 0; h < H; ++h) {
+          b.q_row[static_cast<size_t>(t) * H + h] = base + h * hs;
+          for (int d = 0; d < D; ++d) {
+            in.query[(static_cast<size_t>(t) * H + h) * D + d] =
+                b.query.set(base + h * hs + d, rng.uniform(-1.0, 1.0));
+          }
+        }
+      }
+    }
+    p.query = ragged ? TensorView::strided(b.query.data(), c.q_dtype, {T, H, D}, {ts, hs, 1})
+                     : TensorView::strided(b.query.data(), c.q_dtype, {B, c.q_len, H, D},
+                                           {bs, ts, hs, 1});
+  }
+
+  // KV pool. Dense: each request's pages are drawn from a random permutation of the pool, plus a
+  // few pages nobody uses. Sparse: one pool, a quarter of its rows NaN.
+  const int ps = c.page_size;
+  std::vector<bool> row_live;  // [P * ps]
+  if (!sparse) {
+    int needed_total = 0, needed_max = 0;
+    for (int r = 0; r < B; ++r) {
+      const int n = ceil_div(std::max(c.seq_lens[r], 0), ps);
+      needed_total += n;
+      needed_max = std::max(needed_max, n);
+    }
+    b.num_pages = needed_total + 3;
+    std::vector<int32_t> perm(b.num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng.engine());
+    b.max_pages = needed_max + 2;
+    b.block_table_stride = b.max_pages + 5 * pad;
+    b.block_tables.assign(std::max<int64_t>(B * b.block_table_stride, 1), 0);
+    for (size_t k = 0; k < b.block_tables.size(); ++k) {
+      b.block_tables[k] = (k % 2) ? -7 : b.num_pages + 100;  // never a valid page
+    }
+    row_live.assign(static_cast<size_t>(b.num_pages) * ps, false);
+    int next = 0;
+    for (int r = 0; r < B; ++r) {
+      for (int j = 0; j < c.seq_lens[r]; ++j) {
+        if (j % ps == 0) b.block_tables[r * b.block_table_stride + j / ps] = perm[next++];
+        row_live[static_cast<size_t>(b.block_tables[r * b.block_table_stride + j / ps]) * ps +
+                 j % ps] = true;
+      }
+    }
+    in.max_pages = static_cast<int>(b.max_pages);
+    in.block_tables.assign(static_cast<size_t>(B) * b.max_pages, 0);
+    for (int r = 0; r < B; ++r) {
+      for (int k = 0; k < b.max_pages; ++k) {
+        in.block_tables[r * b.max_pages + k] = b.block_tables[r * b.block_table_stride + k];
+      }
+    }
+    p.block_tables = TensorView::strided(b.block_tables.data(), dt::kInt32, {B, b.max_pages},
+                                         {b.block_table_stride, 1});
+  } else {
+    const int pool_rows = 3 * c.top_k + 50;
+    b.num_pages = ceil_div(pool_rows, ps);
+    row_live.assign(static_cast<size_t>(b.num_pages) * ps, false);
+    for (size_t k = 0; k < row_live.size(); ++k) row_live[k] = rng.coin(0.75);
+  }
+  in.num_pages = b.num_pages;
+  {
+    const int64_t rs = D + 16 * pad, pgs = ps * rs + 32 * pad;
+    b.kv = Buffer(c.kv_dtype, b.num_pages * pgs);
+    b.kv_page_stride = pgs;
+    b.kv_row_stride = rs;
+    in.kv.assign(static_cast<size_t>(b.num_pages) * ps * D, std::nan(""));
+    for (size_t slot = 0; slot < row_live.size(); ++slot) {
+      if (!row_live[slot]) continue;
+      const int64_t base =
+          static_cast<int64_t>(slot / ps) * pgs + static_cast<int64_t>(slot % ps) * rs;
+      for (int d = 0; d < D; ++d) in.kv[slot * D + d] = b.kv.set(base + d, rng.uniform(-1.0, 1.0));
+    }
+    p.kv_cache =
+        c.kv4d ? TensorView::strided(b.kv.data(), c.kv_dtype, {b.num_pages, 1, ps, D},
+                                     {pgs, ps * rs, rs, 1})
+               : TensorView::strided(b.kv.data(), c.kv_dtype, {b.num_pages, ps, D}, {pgs, rs, 1});
+  }
+
+  b.seq_lens = c.seq_lens;
+  p.seq_lens = TensorView::contiguous(b.seq_lens.data(), dt::kInt32, {B});
+  if (ragged) {
+    b.cum_seq_lens_q.assign(first.begin(), first.end());
+    p.cum_seq_lens_q = TensorView::contiguous(b.cum_seq_lens_q.data(), dt::kInt32, {B + 1});
+    if (c.max_q_len_hint) p.max_q_len = max_n;
+  }
+
+  // Custom mask: random bits, with some rows all clear or all set; bits past the query tokens name
+  // no key and are random too.
+  if (c.mask != Mask::kNone) {
+    const int W = ceil_div(max_n, 32);
+    b.mask.resize(std::max(T * W, 1));
+    for (int t = 0; t < T; ++t) {
+      const int kind = rng.randint(0, 6);
+      for (int w = 0; w < W; ++w) {
+        b.mask[t * W + w] = kind == 0 ? 0u : kind == 1 ? ~0u : rng.bits32();
+      }
+    }
+    in.has_mask = true;
+    in.mask_words = W;
+    in.mask.assign(b.mask.begin(), b.mask.begin() + T * W);
+    const bool u16 = c.mask == Mask::kU16;
+    const DataType mdt = u16 ? dt::kUInt16 : dt::kUInt32;
+    const int64_t words = u16 ? 2 * W : W;
+    p.mask = ragged ? TensorView::contiguous(b.mask.data(), mdt, {T, words})
+                    : TensorView::contiguous(b.mask.data(), mdt, {B, c.q_len, words});
+  }
+
+  if (c.sinks) {
+    b.sinks.resize(H);
+    in.has_sinks = true;
+    for (int h = 0; h < H; ++h) {
+      b.sinks[h] = static_cast<float>(rng.uniform(c.sink_lo, c.sink_hi));
+      in.sinks.push_back(b.sinks[h]);
+    }
+    p.sinks = TensorView::contiguous(b.sinks.data(), dt::kFloat32, {H});
+  }
+
+  // Sparse lists: leading `len` entries pick live rows, with -1 holes and duplicates; entries past
+  // `len` point at NaN rows or live rows, so using them shows.
+  if (sparse) {
+    const int K = c.top_k;
+    in.sparse = true;
+    in.top_k = K;
+    in.topk_lens_mode = c.topk_lens;
+    std::vector<int32_t> live, dead;
+    for (size_t k = 0; k < row_live.size(); ++k)
+      (row_live[k] ? live : dead).push_back(static_cast<int32_t>(k));
+    if (dead.empty()) dead.push_back(live.front());
+    std::vector<int> lens(T, K);
+    if (c.topk_lens == oracle::TopkLens::kPerRequest) {
+      b.topk_lens.resize(B);
+      for (int r = 0; r < B; ++r) {
+        b.topk_lens[r] = r == 1 ? 0 : rng.randint(0, K);
+        for (int i = 0; i < b.q_lens[r]; ++i) lens[token(r, i)] = b.topk_lens[r];
+      }
+      p.sparse_topk_lens = TensorView::contiguous(b.topk_lens.data(), dt::kInt32, {B});
+    } else if (c.topk_lens == oracle::TopkLens::kPerToken) {
+      b.topk_lens.resize(std::max(T, 1));
+      for (int t = 0; t < T; ++t) lens[t] = b.topk_lens[t] = t == 1 ? 0 : rng.randint(0, K);
+      p.sparse_topk_lens =
+          ragged ? TensorView::contiguous(b.topk_lens.data(), dt::kInt32, {T})
+                 : TensorView::contiguous(b.topk_lens.data(), dt::kInt32, {B, c.q_len});
+    }
+    in.topk_lens.assign(b.topk_lens.begin(), b.topk_lens.end());
+    b.sparse_indices.resize(std::max(T * K, 1));
+    for (int t = 0; t < T; ++t) {
+      const bool all_holes = t == 2;  // a list of -1 only
+      for (int e = 0; e < K; ++e) {
+        int32_t& slot = b.sparse_indices[t * K + e];
+        if (e < lens[t]) {
+          const double u = rng.uniform(0.0, 1.0);
+          if (all_holes || u < 0.1) {
+            slot = -1;
+          } else if (u < 0.2 && e > 0) {
+            slot = b.sparse_indices[t * K + rng.randint(0, e - 1)];  // a duplicate (or a -1)
+          } else {
+            slot = live[rng.randint(0, static_cast<int>(live.size()) - 1)];
+          }
+        } else {
+          slot = rng.coin(0.5) ? dead[rng.randint(0, static_cast<int>(dead.size()) - 1)]
+                               : live[rng.randint(0, static_cast<int>(live.size()) - 1)];
+        }
+      }
+    }
+    in.sparse_indices.assign(b.sparse_indices.begin(), b.sparse_indices.begin() + T * K);
+    p.sparse_top_k = K;
+    p.sparse_indices =
+        ragged ? TensorView::contiguous(b.sparse_indices.data(), dt::kInt32, {T, K})
+               : TensorView::contiguous(b.sparse_indices.data(), dt::kInt32, {B, c.q_len, K});
+  }
+
+  // Scales. As tensors, the host floats hold garbage that must be ignored.
+  const float bmm1 = static_cast<float>(c.bmm1 != 0.0 ? c.bmm1 : 4.0 / std::sqrt(double(D)));
+  const float bmm2 = static_cast<float>(c.bmm2);
+  in.bmm1_scale = bmm1;
+  in.bmm2_scale = bmm2;
+  if (c.scale_tensors) {
+    b.bmm1_value = bmm1;
+    b.bmm2_value = bmm2;
+    p.bmm1_scale = 123.0f;
+    p.bmm2_scale = -7.0f;
+    p.bmm1_scale_tensor = TensorView::contiguous(&b.bmm1_value, dt::kFloat32, {1});
+    p.bmm2_scale_tensor = TensorView::contiguous(&b.bmm2_value, dt::kFloat32, {1});
+  } else {
+    p.bmm1_scale = bmm1;
+    p.bmm2_scale = bmm2;
+  }
+  p.skip_softmax_threshold_scale_factor = c.skip;
+  in.skip_softmax_factor = c.skip;
+
+  // Outputs, poisoned; out may be padded.
+  {
+    const int64_t hs = L + 8 * pad, ts = H * hs + 24 * pad, bs = c.q_len * ts + 40 * pad;
+    b.out = Buffer(c.out_dtype, ragged ? T * ts : B * bs);
+    b.out_logical.assign(b.out.count(), false);
+    b.out_row.assign(static_cast<size_t>(T) * H, 0);
+    for (int r = 0; r < B; ++r) {
+      for (int i = 0; i < b.q_lens[r]; ++i) {
+        const int t = token(r, i);
+        for (int h = 0; h < H; ++h) {
+          const int64_t row = (ragged ? t * ts : r * bs + i * ts) + h * hs;
+          b.out_row[static_cast<size_t>(t) * H + h] = row;
+          for (int l = 0; l < L; ++l) b.out_logical[row + l] = true;
+        }
+      }
+    }
+    p.out = ragged ? TensorView::strided(b.out.data(), c.out_dtype, {T, H, L}, {ts, hs, 1})
+                   : TensorView::strided(b.out.data(), c.out_dtype, {B, c.q_len, H, L},
+                                         {bs, ts, hs, 1});
+  }
+  if (c.lse) {
+    b.lse = Buffer(dt::kFloat32, static_cast<int64_t>(T) * H);
+    p.lse = ragged ? TensorView::contiguous(b.lse.data(), dt::kFloat32, {T, H})
+                   : TensorView::contiguous(b.lse.data(), dt::kFloat32, {B, c.q_len, H});
+  } else {
+    b.lse = Buffer(dt::kFloat32, 0);
+  }
+
+  // Workspace: sized by the library, filled with garbage.
+  const size_t workspace_bytes = mla::workspace_size(p);
+  b.workspace.resize(std::max<size_t>(workspace_bytes, 1));
+  p.workspace = TensorView::contiguous(b.workspace.data(), dt::kUInt8,
+                                       {static_cast<int64_t>(workspace_bytes)});
+  b.reset_outputs(c.seed + 99);
+  return bp;
+}
+
+// Runs the call; reports mla::Error text on failure.
+inline ::testing::AssertionResult run_decode(const mla::DecodeParams& params) {
+  try {
+    mla::decode(params);
+  } catch (const mla::Error& e) {
+    return ::testing::AssertionFailure()
+           << "mla::Error (" << mla::error_code_name(e.code()) << "): " << e.what();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Every out and lse element against the oracle, and out's padding untouched.
+inline void check_against_oracle(const Built& b) {
+  const oracle::Output ref = oracle::reference(b.in);
+  const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
+  const int L = b.c.L;
+  double worst_out = 0.0, worst_lse = 0.0;
+  EXPECT_TRUE(mla_test::compare_rows(
+      "out", rows, L, mla_test::out_tolerance(b.c.out_dtype),
+      [&](int64_t r, int64_t l) { return b.out.get(b.out_row[r] + l); },
+      [&](int64_t r, int64_t l) { return ref.out[r * L + l]; },
+      [&](int64_t r) { return std::isinf(ref.lse[r]); }, &worst_out));
+  if (b.c.lse) {
+    EXPECT_TRUE(mla_test::compare_lse(
+        rows, [&](int64_t r) { return b.lse.get(r); }, [&](int64_t r) { return ref.lse[r]; },
+        &worst_lse));
+  }
+  // How close to the tolerance each case runs (in the XML report), to keep them calibrated.
+  ::testing::Test::RecordProperty("worst_out_err_over_allowed", std::to_string(worst_out));
+  ::testing::Test::RecordProperty("worst_lse_err_over_allowed", std::to_string(worst_lse));
+  int64_t touched = 0;
+  for (int64_t i = 0; i < b.out.count(); ++i) {
+    if (!b.out_logical[i] && !b.out.is_poison(i)) ++touched;
+  }
+  EXPECT_EQ(touched, 0) << "out padding elements written";
+}
+
+}  // namespace mla_test::decode_case

@@ -1,0 +1,680 @@
+// Sweeps of mla::decode on the sm90 backend against the float64 oracle, on the GPU.
+//
+// Inputs are built on the host with the cpu tests' hygiene (common/decode_case.h: NaN-poisoned out
+// and lse, NaN KV past seq_len and in unused pages, invalid ids in unused block_tables slots,
+// garbage workspace), copied to the device, decoded there, copied back and compared element by
+// element. Every test skips itself where no CUDA device of compute capability 9.0 is present.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/decode_case.h"
+#include "common/test_util.h"
+#include "mla/mla.h"
+#include "oracle/oracle.h"
+
+namespace {
+
+using namespace mla_test::decode_case;  // Case, Built, build, checks
+
+const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4M3;
+
+bool has_hopper() {
+  static const bool present = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      cudaGetLastError();
+      return false;
+    }
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    return major == 9 && minor == 0;
+  }();
+  return present;
+}
+
+#define SKIP_WITHOUT_HOPPER()                                                      \
+  do {                                                                             \
+    if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"; \
+  } while (0)
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
+
+void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    ADD_FAILURE() << what << ": " << cudaGetErrorString(err);
+    throw std::runtime_error(what);
+  }
+}
+
+// Device copies of every tensor of a Built call; `params` is the Built's params with the data
+// pointers, device and backend switched to cuda:0 / sm90.
+class DeviceCall {
+ public:
+  explicit DeviceCall(Built& b) : params(b.params) {
+    params.backend = mla::Backend::kSm90;
+    for (auto& [view, host, bytes] : tensors(b)) {
+      (void)host;
+      TensorView& mine = params.*view;
+      if (!mine.defined()) continue;
+      void* d = nullptr;
+      cuda_check(cudaMalloc(&d, std::max<size_t>(bytes, 1)), "cudaMalloc");
+      device_.push_back({view, d, bytes});
+      mine.data = d;
+    }
+    set_device(mla::cuda_device(0));
+    params.workspace = TensorView{};
+    workspace_bytes = mla::workspace_size(params);
+    cuda_check(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes, 1)), "cudaMalloc");
+    cuda_check(cudaMemset(workspace_, 0xab, std::max<size_t>(workspace_bytes, 1)), "memset");
+    params.workspace = TensorView::contiguous(
+        workspace_, dt::kUInt8, {static_cast<int64_t>(workspace_bytes)}, mla::cuda_device(0));
+    upload(b);
+  }
+  ~DeviceCall() {
+    for (auto& t : device_) cudaFree(t.ptr);
+    cudaFree(workspace_);
+  }
+  DeviceCall(const DeviceCall&) = delete;
+  DeviceCall& operator=(const DeviceCall&) = delete;
+
+  // Copies every input and the (poisoned) outputs of `b` into the device buffers; `b` must have
+  // the shapes this call was made for.
+  void upload(Built& b, cudaStream_t stream = nullptr) {
+    auto host = tensors(b);
+    for (size_t i = 0, k = 0; i < host.size(); ++i) {
+      if (!(params.*host[i].view).defined()) continue;
+      const Device& d = device_[k++];
+      if (host[i].bytes != d.bytes) throw std::runtime_error("upload: shapes differ");
+      cuda_check(cudaMemcpyAsync(d.ptr, host[i].host, d.bytes, cudaMemcpyHostToDevice, stream),
+                 "upload");
+    }
+    cuda_check(cudaStreamSynchronize(stream), "upload sync");
+  }
+
+  // Copies out and lse back into `b`'s host buffers.
+  void download(Built& b) {
+    cuda_check(cudaDeviceSynchronize(), "decode");
+    auto host = tensors(b);
+    for (size_t i = 0, k = 0; i < host.size(); ++i) {
+      if (!(params.*host[i].view).defined()) continue;
+      const Device& d = device_[k++];
+      if (d.view == &mla::DecodeParams::out || d.view == &mla::DecodeParams::lse) {
+        cuda_check(
+            cudaMemcpy(const_cast<void*>(host[i].host), d.ptr, d.bytes, cudaMemcpyDeviceToHost),
+            "download");
+      }
+    }
+  }
+
+  mla::DecodeParams params;
+  size_t workspace_bytes = 0;
+
+ private:
+  struct Host {
+    TensorView mla::DecodeParams::*view;
+    const void* host;
+    size_t bytes;
+  };
+  struct Device {
+    TensorView mla::DecodeParams::*view;
+    void* ptr;
+    size_t bytes;
+  };
+
+  template <typename T>
+  static size_t vec_bytes(const std::vector<T>& v) {
+    return v.size() * sizeof(T);
+  }
+  static std::vector<Host> tensors(Built& b) {
+    using P = mla::DecodeParams;
+    return {
+        {&P::query, b.query.data(), b.query.bytes().size()},
+        {&P::kv_cache, b.kv.data(), b.kv.bytes().size()},
+        {&P::block_tables, b.block_tables.data(), vec_bytes(b.block_tables)},
+        {&P::seq_lens, b.seq_lens.data(), vec_bytes(b.seq_lens)},
+        {&P::cum_seq_lens_q, b.cum_seq_lens_q.data(), vec_bytes(b.cum_seq_lens_q)},
+        {&P::sinks, b.sinks.data(), vec_bytes(b.sinks)},
+        {&P::mask, b.mask.data(), vec_bytes(b.mask)},
+        {&P::sparse_indices, b.sparse_indices.data(), vec_bytes(b.sparse_indices)},
+        {&P::sparse_topk_lens, b.topk_lens.data(), vec_bytes(b.topk_lens)},
+        {&P::bmm1_scale_tensor, &b.bmm1_value, sizeof(float)},
+        {&P::bmm2_scale_tensor, &b.bmm2_value, sizeof(float)},
+        {&P::out, b.out.data(), b.out.bytes().size()},
+        {&P::lse, b.lse.data(), b.lse.bytes().size()},
+    };
+  }
+  void set_device(mla::Device device) {
+    for (auto& t : device_) (params.*t.view).device = device;
+    params.query.device = device;
+  }
+
+  std::vector<Device> device_;
+  void* workspace_ = nullptr;
+};
+
+::testing::AssertionResult run_on_gpu(const mla::DecodeParams& params) {
+  try {
+    mla::decode(params);
+  } catch (const mla::Error& e) {
+    return ::testing::AssertionFailure()
+           << "mla::Error (" << mla::error_code_name(e.code()) << "): " << e.what();
+  }
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess) return ::testing::AssertionFailure() << cudaGetErrorString(err);
+  return ::testing::AssertionSuccess();
+}
+
+// The DeepSeek head dims, the only ones sm90 takes.
+Case deepseek(Case c) {
+  c.L = 512;
+  c.R = 64;
+  return c;
+}
+
+class Sm90Decode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Sm90Decode, MatchesOracle) {
+  SKIP_WITHOUT_HOPPER();
+  std::unique_ptr<Built> b = build(GetParam());
+  DeviceCall call(*b);
+  ASSERT_TRUE(run_on_gpu(call.params));
+  call.download(*b);
+  check_against_oracle(*b);
+}
+
+std::string param_name(const ::testing::TestParamInfo<Case>& info) {
+  return case_name(info.param) + "_" + std::to_string(info.index);
+}
+
+// ---- Case lists -------------------------------------------------------------------------------
+
+// Heads x q_len, each with a page size in rotation; seq_lens include 0, 1 (below q_len) and a
+// long one.
+std::vector<Case> shape_cases() {
+  std::vector<Case> cases;
+  const int page_sizes[] = {1, 16, 64, 256};
+  int n = 0;
+  for (int H : {1, 3, 16, 64, 128}) {
+    for (int q_len = 1; q_len <= 4; ++q_len) {
+      Case c;
+      c.B = 4;
+      c.H = H;
+      c.q_len = q_len;
+      c.page_size = page_sizes[n++ % 4];
+      c.seed = 2000 + cases.size();
+      mla_test::Rng rng(c.seed);
+      c.seq_lens = {rng.randint(100, 700), 0, 1, 2 * c.page_size + 3};
+      cases.push_back(deepseek(c));
+    }
+  }
+  for (int ps : {1, 16, 64, 256}) {  // every page size with 16 heads and two query tokens
+    Case c;
+    c.B = 3;
+    c.H = 16;
+    c.q_len = 2;
+    c.page_size = ps;
+    c.seq_lens = {300, 2 * ps, 65};
+    c.seed = 2100 + cases.size();
+    cases.push_back(deepseek(c));
+  }
+  Case c;  // q_len 16, some sequences shorter than it
+  c.B = 3;
+  c.H = 16;
+  c.q_len = 16;
+  c.page_size = 64;
+  c.seq_lens = {500, 5, 16};
+  c.seed = 2200;
+  cases.push_back(deepseek(c));
+  // Long sequences: many splits; mixed batch.
+  c = Case();
+  c.B = 3;
+  c.H = 16;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {4000, 2500, 33};
+  c.seed = 2201;
+  cases.push_back(deepseek(c));
+  c.H = 128;
+  c.B = 1;
+  c.seq_lens = {3000};
+  c.q_len = 2;
+  c.page_size = 16;
+  c.seed = 2202;
+  cases.push_back(deepseek(c));
+  return cases;
+}
+
+std::vector<Case> ragged_cases() {
+  std::vector<Case> cases;
+  auto add = [&](std::vector<int> q_lens, std::vector<int> seq_lens, int H, int ps, bool hint) {
+    Case c;
+    c.B = static_cast<int>(q_lens.size());
+    c.ragged_q_lens = q_lens;
+    c.seq_lens = seq_lens;
+    c.H = H;
+    c.page_size = ps;
+    c.max_q_len_hint = hint;
+    c.seed = 2300 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  add({1, 3, 0, 5}, {200, 3, 50, 2}, 16, 16, false);
+  add({1, 3, 0, 5}, {200, 3, 50, 2}, 16, 16, true);
+  add({2, 2, 2}, {65, 1, 130}, 3, 64, true);
+  add({0, 0, 4}, {0, 10, 70}, 16, 1, false);
+  add({40, 3}, {300, 50}, 3, 256, true);
+  add({1, 2, 3, 4, 5}, {9, 0, 1500, 4, 5}, 128, 16, false);
+  Case* c = add({3, 1, 2}, {120, 77, 1}, 16, 16, false);
+  c->q_dtype = c->kv_dtype = kFp8;
+  c = add({2, 5, 1}, {100, 64, 33}, 64, 64, true);
+  c->out_dtype = kFp16;
+  c->sinks = true;
+  return cases;
+}
+
+std::vector<Case> dtype_cases() {
+  std::vector<Case> cases;
+  const std::pair<DataType, DataType> pairs[] = {
+      {kBf16, kBf16}, {kFp16, kFp16}, {kFp8, kFp8}, {kBf16, kFp8}};
+  for (auto [q, kv] : pairs) {
+    for (DataType out : {kBf16, kFp16}) {
+      for (bool lse : {true, false}) {
+        Case c;
+        c.B = 3;
+        c.H = 16;
+        c.q_len = 2;
+        c.seq_lens = {650, 1, 33};
+        c.q_dtype = q;
+        c.kv_dtype = kv;
+        c.out_dtype = out;
+        c.lse = lse;
+        c.seed = 2400 + cases.size();
+        cases.push_back(deepseek(c));
+      }
+    }
+  }
+  return cases;
+}
+
+std::vector<Case> feature_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 2500 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  // Masks, both layouts, dense and ragged (40 tokens: two words per row).
+  for (Mask m : {Mask::kU32, Mask::kU16}) {
+    for (int q_len : {1, 3, 5}) {
+      Case c;
+      c.B = 4;
+      c.H = 16;
+      c.q_len = q_len;
+      c.page_size = q_len == 3 ? 1 : 16;
+      c.mask = m;
+      c.seq_lens = {180, 0, 2, q_len + 3};
+      add(c);
+    }
+    Case c;
+    c.B = 3;
+    c.H = 3;
+    c.ragged_q_lens = {40, 3, 0};
+    c.seq_lens = {300, 2, 9};
+    c.page_size = 64;
+    c.mask = m;
+    c.sinks = m == Mask::kU16;
+    add(c);
+  }
+  // Sinks from small to dominant.
+  const std::pair<double, double> sink_ranges[] = {{-2.0, 3.0}, {8.0, 12.0}, {-30.0, -20.0}};
+  for (auto [lo, hi] : sink_ranges) {
+    Case c;
+    c.B = 3;
+    c.H = 16;
+    c.q_len = 3;
+    c.seq_lens = {0, 90, 2};
+    c.sinks = true;
+    c.sink_lo = lo;
+    c.sink_hi = hi;
+    c.out_dtype = lo > 0 ? kFp16 : kBf16;
+    add(c);
+  }
+  // Scales as host floats and device tensors, flat to peaky.
+  const std::pair<double, double> scales[] = {{0.05, 1.0}, {0.3, 0.37}, {2.0, 3.0}, {20.0, 1.0}};
+  for (bool tensors : {false, true}) {
+    for (auto [bmm1, bmm2] : scales) {
+      Case c;
+      c.B = 3;
+      c.H = 16;
+      c.q_len = 2;
+      c.seq_lens = {700, 17, 0};
+      c.bmm1 = bmm1 / 4;  // D 576: scores grow with D
+      c.bmm2 = bmm2;
+      c.scale_tensors = tensors;
+      c.sinks = bmm1 == 2.0;
+      add(c);
+    }
+  }
+  // Sparse: lens none / per request / per token, dense and ragged queries.
+  using oracle::TopkLens;
+  for (TopkLens lens : {TopkLens::kNone, TopkLens::kPerRequest, TopkLens::kPerToken}) {
+    for (int q_len : {1, 4}) {
+      Case c;
+      c.B = 3;
+      c.H = q_len == 1 ? 128 : 16;
+      c.q_len = q_len;
+      c.top_k = q_len == 1 ? 256 : 100;
+      c.page_size = q_len == 1 ? 64 : 1;
+      c.topk_lens = lens;
+      c.seq_lens = {1, 38, 75};
+      add(c);
+    }
+  }
+  for (TopkLens lens : {TopkLens::kNone, TopkLens::kPerToken}) {
+    Case c;
+    c.B = 3;
+    c.H = 16;
+    c.ragged_q_lens = {2, 0, 3};
+    c.top_k = 64;
+    c.page_size = 16;
+    c.topk_lens = lens;
+    c.seq_lens = {1, 38, 75};
+    c.q_dtype = kBf16;
+    c.kv_dtype = kFp8;
+    add(c);
+  }
+  // Skip-softmax with f = 1e-30 must give the dense result.
+  {
+    Case c;
+    c.B = 6;
+    c.H = 16;
+    c.q_len = 1;
+    c.seq_lens = {3000, 65, 64, 63, 0, 1};
+    c.skip = 1e-30f;
+    add(c);
+    c.q_len = 3;
+    c.page_size = 64;
+    c.bmm1 = 0.3;
+    c.sinks = true;
+    add(c);
+    c = Case();
+    c.B = 2;
+    c.H = 16;
+    c.q_len = 2;
+    c.seq_lens = {400, 250};
+    c.top_k = 200;
+    c.skip = 1e-30f;
+    add(c);
+  }
+  // Padded strides on query, kv pages and rows, block_tables and out; 4-D kv.
+  for (bool strided : {false, true}) {
+    for (bool kv4d : {false, true}) {
+      for (bool ragged : {false, true}) {
+        if (!strided && !kv4d) continue;
+        Case c;
+        c.B = 3;
+        c.H = 16;
+        c.q_len = 3;
+        if (ragged) c.ragged_q_lens = {3, 0, 2};
+        c.seq_lens = {200, 5, 1};
+        c.strided = strided;
+        c.kv4d = kv4d;
+        c.q_dtype = c.kv_dtype = (cases.size() % 2) ? kFp8 : kBf16;
+        c.sinks = ragged;
+        c.mask = ragged ? Mask::kU16 : Mask::kNone;
+        add(c);
+      }
+    }
+  }
+  return cases;
+}
+
+// Random combinations of every feature at once (fixed seeds).
+std::vector<Case> mixed_cases() {
+  std::vector<Case> cases;
+  const DataType q_dtypes[] = {kBf16, kFp16, kFp8, kBf16};
+  const DataType kv_dtypes[] = {kBf16, kFp16, kFp8, kFp8};
+  for (int n = 0; n < 24; ++n) {
+    Case c;
+    c.seed = 2700 + n;
+    mla_test::Rng rng(c.seed);
+    c.B = rng.randint(1, 4);
+    c.H = std::vector<int>{1, 3, 16, 64, 128}[rng.randint(0, 4)];
+    c.page_size = std::vector<int>{1, 16, 64, 256}[rng.randint(0, 3)];
+    const int pair = rng.randint(0, 3);
+    c.q_dtype = q_dtypes[pair];
+    c.kv_dtype = kv_dtypes[pair];
+    c.out_dtype = rng.coin(0.5) ? kBf16 : kFp16;
+    c.lse = rng.coin(0.7);
+    c.sinks = rng.coin(0.4);
+    c.q_len = rng.randint(1, 5);
+    if (rng.coin(0.4)) {
+      for (int r = 0; r < c.B; ++r) c.ragged_q_lens.push_back(rng.randint(0, 5));
+      c.max_q_len_hint = rng.coin(0.5);
+    }
+    const bool sparse = rng.coin(0.25);
+    for (int r = 0; r < c.B; ++r) {
+      const int kind = rng.randint(0, 3);
+      c.seq_lens.push_back(kind == 0   ? rng.randint(0, 3)
+                           : kind == 1 ? rng.randint(4, 70)
+                                       : rng.randint(71, 1200));
+      if (sparse) c.seq_lens.back() = std::max(c.seq_lens.back(), 1);
+    }
+    if (sparse) {
+      c.top_k = std::vector<int>{8, 33, 64, 128}[rng.randint(0, 3)];
+      const int lens = rng.randint(0, 2);
+      c.topk_lens = lens == 0                              ? oracle::TopkLens::kNone
+                    : lens == 1 && c.ragged_q_lens.empty() ? oracle::TopkLens::kPerRequest
+                                                           : oracle::TopkLens::kPerToken;
+    } else {
+      const int mask = rng.randint(0, 3);
+      c.mask = mask == 1 ? Mask::kU32 : mask == 2 ? Mask::kU16 : Mask::kNone;
+    }
+    c.scale_tensors = rng.coin(0.5);
+    c.bmm1 = rng.coin(0.5) ? 0.0 : rng.uniform(0.02, 0.5);
+    c.bmm2 = rng.coin(0.5) ? 1.0 : rng.uniform(0.25, 4.0);
+    c.skip = rng.coin(0.25) ? 1e-30f : 0.0f;
+    c.strided = rng.coin(0.4);
+    c.kv4d = rng.coin(0.3);
+    cases.push_back(deepseek(c));
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
+
+// ---- Empty batches ----------------------------------------------------------------------------
+
+TEST(Sm90DecodeEmpty, ZeroTokensIsANoOp) {
+  SKIP_WITHOUT_HOPPER();
+  Case c;
+  c.B = 2;
+  c.ragged_q_lens = {0, 0};
+  c.seq_lens = {5, 0};
+  std::unique_ptr<Built> b = build(deepseek(c));
+  DeviceCall call(*b);
+  ASSERT_TRUE(run_on_gpu(call.params));
+  call.download(*b);
+  EXPECT_TRUE(b->outputs_untouched());
+}
+
+// ---- Checked mode -----------------------------------------------------------------------------
+
+Case index_case() {
+  Case c;
+  c.B = 3;
+  c.H = 3;
+  c.q_len = 2;
+  c.seq_lens = {40, 0, 20};
+  c.page_size = 16;
+  return deepseek(c);
+}
+
+// Expects kBadIndex naming `fragment`, with out and lse left untouched.
+void expect_bad_index(Built& b, DeviceCall& call, const std::string& fragment) {
+  call.params.validate_indices = true;
+  try {
+    mla::decode(call.params);
+    ADD_FAILURE() << "no error for a bad index (" << fragment << ")";
+  } catch (const mla::Error& e) {
+    EXPECT_EQ(e.code(), mla::ErrorCode::kBadIndex) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
+        << "message does not name " << fragment << ": " << e.what();
+  }
+  call.download(b);
+  EXPECT_TRUE(b.outputs_untouched()) << "out or lse written before the error";
+}
+
+TEST(Sm90DecodeIndices, CheckedModeReportsBadBlockTableEntry) {
+  SKIP_WITHOUT_HOPPER();
+  std::unique_ptr<Built> b = build(index_case());
+  b->block_tables[2 * b->block_table_stride + 1] = -1;  // request 2, its last needed page
+  DeviceCall call(*b);
+  expect_bad_index(*b, call, "block_tables[2][1]: page id -1");
+}
+
+TEST(Sm90DecodeIndices, CheckedModeReportsBadSeqLen) {
+  SKIP_WITHOUT_HOPPER();
+  std::unique_ptr<Built> b = build(index_case());
+  b->seq_lens[1] = -1;
+  DeviceCall call(*b);
+  expect_bad_index(*b, call, "seq_lens[1]: -1 is negative");
+  b = build(index_case());
+  b->seq_lens[2] = static_cast<int32_t>(b->max_pages * 16 + 1);
+  DeviceCall call2(*b);
+  expect_bad_index(*b, call2, "seq_lens[2]");
+}
+
+TEST(Sm90DecodeIndices, CheckedModeReportsBadSparseIndex) {
+  SKIP_WITHOUT_HOPPER();
+  Case c = index_case();
+  c.top_k = 16;
+  std::unique_ptr<Built> b = build(c);
+  b->sparse_indices[5 * 16 + 3] = b->num_pages * c.page_size;  // one past the pool
+  DeviceCall call(*b);
+  expect_bad_index(*b, call, "sparse_indices[2][1][3]");
+}
+
+TEST(Sm90DecodeIndices, CheckedModePassesGoodInput) {
+  SKIP_WITHOUT_HOPPER();
+  Case c = index_case();
+  c.ragged_q_lens = {2, 1, 2};
+  c.mask = Mask::kU32;
+  std::unique_ptr<Built> b = build(c);
+  DeviceCall call(*b);
+  call.params.validate_indices = true;
+  ASSERT_TRUE(run_on_gpu(call.params));
+  call.download(*b);
+  check_against_oracle(*b);
+}
+
+// ---- Graphs, PDL, determinism -----------------------------------------------------------------
+
+// plan + run captured once, replayed with new data and new seq_lens of the same shapes.
+TEST(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
+  SKIP_WITHOUT_HOPPER();
+  Case c;
+  c.B = 3;
+  c.H = 64;
+  c.q_len = 2;
+  c.page_size = 16;
+  c.seq_lens = {1000, 37, 3};  // 63 + 3 + 1 pages, the longest 63
+  c.sinks = true;
+  c.scale_tensors = true;
+  c = deepseek(c);
+  std::unique_ptr<Built> b = build(c);
+  DeviceCall call(*b);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  call.params.stream = stream;
+  call.params.enable_pdl = true;
+
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const mla::Plan plan = mla::plan(call.params);
+  mla::run(plan, call.params);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  call.download(*b);
+  check_against_oracle(*b);
+
+  // Same page counts (63 + 3 + 1, longest 63), other lengths, data and scales.
+  Case next = c;
+  next.seq_lens = {995, 48, 1};
+  next.seed = c.seed + 1;
+  next.bmm1 = 0.05;
+  next.bmm2 = 2.0;
+  std::unique_ptr<Built> b2 = build(next);
+  call.upload(*b2, stream);
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  call.download(*b2);
+  check_against_oracle(*b2);
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(Sm90DecodeDeterminism, TwoRunsAndPdlAreBitwiseIdentical) {
+  SKIP_WITHOUT_HOPPER();
+  Case c;
+  c.B = 3;
+  c.H = 128;
+  c.q_len = 3;
+  c.seq_lens = {3000, 500, 7};
+  c.page_size = 64;
+  c.sinks = true;
+  std::unique_ptr<Built> b = build(deepseek(c));
+  DeviceCall call(*b);
+  ASSERT_TRUE(run_on_gpu(call.params));
+  call.download(*b);
+  check_against_oracle(*b);
+  const std::vector<uint8_t> out1 = b->out.bytes(), lse1 = b->lse.bytes();
+  for (bool pdl : {false, true}) {
+    b->reset_outputs(777);
+    call.upload(*b);
+    call.params.enable_pdl = pdl;
+    ASSERT_TRUE(run_on_gpu(call.params));
+    call.download(*b);
+    EXPECT_TRUE(out1 == b->out.bytes()) << "out differs (pdl " << pdl << ")";
+    EXPECT_TRUE(lse1 == b->lse.bytes()) << "lse differs (pdl " << pdl << ")";
+  }
+}
+
+// Skip-softmax with a large factor is an approximation: it must run and stay finite and close.
+TEST(Sm90DecodeSkipSoftmax, LargeFactorStaysFinite) {
+  SKIP_WITHOUT_HOPPER();
+  Case c;
+  c.B = 2;
+  c.H = 16;
+  c.q_len = 1;
+  c.seq_lens = {2000, 300};
+  c.skip = 1e-3f;
+  c.bmm1 = 0.5;
+  std::unique_ptr<Built> b = build(deepseek(c));
+  DeviceCall call(*b);
+  ASSERT_TRUE(run_on_gpu(call.params));
+  call.download(*b);
+  for (int64_t i = 0; i < b->out.count(); ++i) {
+    if (!b->out_logical[i]) continue;
+    ASSERT_TRUE(std::isfinite(b->out.get(i))) << "out element " << i;
+  }
+}
+
+}  // namespace
