@@ -10,7 +10,9 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda=ON
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
-# The Python package's module is built against apache-tvm-ffi from the pinned .deps/venv.
+# The Python package's module is built against apache-tvm-ffi from the pinned .deps/venv (or the
+# interpreter named by MLA_PYTHON, see setup_deps.sh).
+python="${MLA_PYTHON:-$root/.deps/venv/bin/python}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA="$cuda" \
-  -DMLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$root/.deps/venv/bin/python" "$@" >/dev/null
+  -DMLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python" "$@" >/dev/null
 cmake --build build -j "$(nproc)"

@@ -61,8 +61,16 @@ PYTHON_REQUIREMENTS=(
   numpy==2.4.6 ml_dtypes==0.5.4
   pytest==9.2.0 iniconfig==2.3.1 pluggy==1.7.0 Pygments==2.21.0
 )
+# MLA_PYTHON=/path/to/python uses an existing interpreter instead (a machine without PyPI that
+# brings its own packages): it must import tvm_ffi, numpy, ml_dtypes and pytest.
 venv="$deps/venv"
-if [ "$(cat "$venv/REQUIREMENTS" 2>/dev/null)" != "${PYTHON_REQUIREMENTS[*]}" ]; then
+if [ -n "${MLA_PYTHON:-}" ]; then
+  "$MLA_PYTHON" -c "import tvm_ffi, numpy, ml_dtypes, pytest" || {
+    echo "setup_deps: MLA_PYTHON=$MLA_PYTHON cannot import tvm_ffi, numpy, ml_dtypes and pytest" >&2
+    exit 1
+  }
+  venv="$MLA_PYTHON (MLA_PYTHON)"
+elif [ "$(cat "$venv/REQUIREMENTS" 2>/dev/null)" != "${PYTHON_REQUIREMENTS[*]}" ]; then
   echo "setup_deps: creating the Python environment $venv"
   rm -rf "$venv"
   python3 -m venv "$venv"

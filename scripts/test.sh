@@ -8,4 +8,4 @@ cd "$root/build"
 ctest --output-on-failure -j "$(nproc)"
 cd "$root"
 MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python" \
-  "$root/.deps/venv/bin/python" -m pytest tests/python -q
+  "${MLA_PYTHON:-$root/.deps/venv/bin/python}" -m pytest tests/python -q
