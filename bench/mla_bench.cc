@@ -16,6 +16,7 @@
 #include "mla/mla.h"
 
 #ifdef MLA_BENCH_WITH_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -35,6 +36,10 @@ struct Config {
   int warmup = 1;
   uint64_t seed = 1;
   bool json = false;
+  int64_t seq_sd = 0;     // > 0: seq lens drawn from N(seq_len, seq_sd), at least q_len ("varlen")
+  std::string suite;      // "goals": the Hopper goal table; empty: one configuration
+  std::string json_out;   // --json-out FILE: one JSON object per configuration
+  bool ceilings = false;  // measure device copy bandwidth and bf16 matmul rate first
 };
 
 void usage() {
@@ -51,7 +56,12 @@ void usage() {
       "  --iters N        timed iterations (default: 100 on sm90, 5 on cpu)\n"
       "  --warmup N       untimed iterations first (default 1)\n"
       "  --seed N         input seed (default 1)\n"
-      "  --json           print one JSON object instead of the table\n"
+      "  --seq-sd N       varlen: seq lens drawn from a normal distribution with mean --seq-len\n"
+      "                   and this standard deviation, at least q_len (default 0: fixed)\n"
+      "  --suite goals    run the Hopper goal table (10 configurations) and print a summary\n"
+      "  --ceilings       measure the device copy bandwidth and bf16 matmul rate first (GPU)\n"
+      "  --json           print one JSON object per configuration instead of the table\n"
+      "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).");
 }
 
@@ -97,6 +107,14 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.seed = static_cast<uint64_t>(integer());
     else if (a == "--json")
       c.json = true;
+    else if (a == "--seq-sd")
+      c.seq_sd = integer();
+    else if (a == "--suite")
+      c.suite = value();
+    else if (a == "--json-out")
+      c.json_out = value();
+    else if (a == "--ceilings")
+      c.ceilings = true;
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -120,25 +138,36 @@ struct Step {
 
 size_t dtype_bytes(mla::DataType t) { return t.bits / 8; }
 
+// xorshift64*: fast enough to fill gigabytes of inputs in seconds.
+struct FastRng {
+  uint64_t state;
+  explicit FastRng(uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545F4914F6CDD1Dull;
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.0f; }  // [-1, 1)
+};
+
 // Fills `n` elements of `t` with values of roughly unit scale.
-void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, std::mt19937_64& rng) {
+void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, FastRng& rng) {
   using namespace mla::detail::cpu;
   buf.resize(n * dtype_bytes(t));
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> byte(0, 255);
   for (size_t i = 0; i < n; ++i) {
     if (t == mla::dtype::kFloat8E4M3) {
       // Sign, exponent 4..9 (scale 2^-3 .. 2^2) and mantissa drawn directly: never NaN.
-      const int code = byte(rng);
+      const uint32_t code = static_cast<uint32_t>(rng.next() >> 56);
       buf[i] = static_cast<uint8_t>((code & 0x87) | ((4 + (code >> 3) % 6) << 3));
     } else if (t == mla::dtype::kBFloat16) {
-      const uint16_t h = float_to_bf16(uni(rng));
+      const uint16_t h = float_to_bf16(rng.uniform());
       std::memcpy(&buf[2 * i], &h, 2);
     } else if (t == mla::dtype::kFloat16) {
-      const uint16_t h = float_to_fp16(uni(rng));
+      const uint16_t h = float_to_fp16(rng.uniform());
       std::memcpy(&buf[2 * i], &h, 2);
     } else {
-      const float f = uni(rng);
+      const float f = rng.uniform();
       std::memcpy(&buf[4 * i], &f, 4);
     }
   }
@@ -164,17 +193,35 @@ void build_step(const Config& c, Step& s) {
 
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   std::mt19937_64 rng(c.seed);
-  s.max_pages = (c.seq_len + c.page_size - 1) / c.page_size;
-  s.num_pages = c.batch * s.max_pages;
-  fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), rng);
-  fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), rng);
-
-  // Pages handed out in a random order, as an allocator would after some churn.
+  s.seq_lens.assign(static_cast<size_t>(c.batch), static_cast<int32_t>(c.seq_len));
+  if (c.seq_sd > 0) {
+    std::normal_distribution<double> normal(static_cast<double>(c.seq_len),
+                                            static_cast<double>(c.seq_sd));
+    for (int32_t& len : s.seq_lens) {
+      len = static_cast<int32_t>(
+          std::max<double>(static_cast<double>(c.q_len), std::min(std::round(normal(rng)), 1e9)));
+    }
+  }
+  const int64_t max_len =
+      s.seq_lens.empty() ? 0 : *std::max_element(s.seq_lens.begin(), s.seq_lens.end());
+  s.max_pages = (max_len + c.page_size - 1) / c.page_size;
+  // Each request owns exactly the pages it needs, handed out in a random order as an allocator
+  // would after some churn; unused block_tables slots hold an invalid id.
+  int64_t needed = 0;
+  for (int32_t len : s.seq_lens) needed += (len + c.page_size - 1) / c.page_size;
+  s.num_pages = std::max<int64_t>(needed, 1);
+  FastRng fast(c.seed);
+  fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), fast);
+  fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), fast);
   std::vector<int32_t> pages(static_cast<size_t>(s.num_pages));
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), rng);
-  s.block_tables = pages;
-  s.seq_lens.assign(static_cast<size_t>(c.batch), static_cast<int32_t>(c.seq_len));
+  s.block_tables.assign(static_cast<size_t>(c.batch * s.max_pages), -1);
+  size_t next = 0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t n = (s.seq_lens[b] + c.page_size - 1) / c.page_size;
+    for (int64_t i = 0; i < n; ++i) s.block_tables[b * s.max_pages + i] = pages[next++];
+  }
   s.out.assign(
       static_cast<size_t>(c.batch * c.q_len * c.heads * c.kv_lora_rank) * dtype_bytes(s.out_dtype),
       0);
@@ -193,7 +240,7 @@ void build_step(const Config& c, Step& s) {
   p.kv_lora_rank = c.kv_lora_rank;
   p.qk_rope_head_dim = c.rope_dim;
   p.qk_nope_head_dim = 128;
-  p.max_seq_len = static_cast<int32_t>(c.seq_len);
+  p.max_seq_len = static_cast<int32_t>(max_len);
   p.bmm1_scale = 1.0f / std::sqrt(192.0f);  // 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)
   p.backend = mla::parse_backend(c.backend);
   s.workspace.assign(mla::workspace_size(p), 0);
@@ -357,9 +404,88 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   for (void* d : owned) cudaFree(d);
   return times_us;
 }
+
+// Physical ceilings measured on this device: a 4 GiB device-to-device copy (bytes read + written)
+// and an 8192^3 bf16 matmul through cuBLAS, each the median of 10 after a warm-up.
+struct Ceilings {
+  bool measured = false;
+  double copy_tbps = 0, matmul_tflops = 0;
+};
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  if (!hopper_present()) return c;
+  std::vector<void*> owned;
+  const size_t copy_bytes = size_t{2} << 30;
+  void* a = to_device(nullptr, copy_bytes, owned);
+  void* b = to_device(nullptr, copy_bytes, owned);
+  cuda_ok(cudaMemset(a, 1, copy_bytes), "memset");
+  const int n = 8192;
+  const size_t mat_bytes = size_t{n} * n * 2;
+  std::vector<uint16_t> host(size_t{n} * n);
+  FastRng rng(7);
+  for (uint16_t& h : host) h = mla::detail::cpu::float_to_bf16(rng.uniform());
+  void* x = to_device(host.data(), mat_bytes, owned);
+  void* y = to_device(host.data(), mat_bytes, owned);
+  void* z = to_device(nullptr, mat_bytes, owned);
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    throw mla::Error(mla::ErrorCode::kRuntimeError, "cublasCreate failed");
+  }
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "event");
+  cuda_ok(cudaEventCreate(&stop), "event");
+  auto time_ms = [&](auto&& body) {
+    std::vector<double> ms;
+    body();
+    for (int i = 0; i < 10; ++i) {
+      cuda_ok(cudaEventRecord(start), "record");
+      body();
+      cuda_ok(cudaEventRecord(stop), "record");
+      cuda_ok(cudaEventSynchronize(stop), "sync");
+      float t = 0;
+      cuda_ok(cudaEventElapsedTime(&t, start, stop), "elapsed");
+      ms.push_back(t);
+    }
+    return median(ms);
+  };
+  const double copy_ms = time_ms(
+      [&] { cuda_ok(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice), "copy"); });
+  const float alpha = 1.0f, beta = 0.0f;
+  const double mm_ms = time_ms([&] {
+    if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, x, CUDA_R_16BF, n, y,
+                     CUDA_R_16BF, n, &beta, z, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+      throw mla::Error(mla::ErrorCode::kRuntimeError, "cublasGemmEx failed");
+    }
+  });
+  c.copy_tbps = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e-3) / 1e12;
+  c.matmul_tflops = 2.0 * n * static_cast<double>(n) * n / (mm_ms * 1e-3) / 1e12;
+  c.measured = true;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cublasDestroy(handle);
+  for (void* d : owned) cudaFree(d);
+  return c;
+}
+#else
+struct Ceilings {
+  bool measured = false;
+  double copy_tbps = 0, matmul_tflops = 0;
+};
+Ceilings measure_ceilings() { return {}; }
 #endif
 
-int run(Config c) {
+struct Result {
+  Config config;  // with the defaults resolved
+  const char* backend = "cpu";
+  std::string note;
+  int64_t mean_seq_len = 0, max_seq_len = 0;
+  double median_us = 0, min_us = 0, tflops = 0, tbps = 0;
+  CheckResult check;
+};
+
+Result measure(Config c) {
   const mla::Backend requested = mla::parse_backend(c.backend);
 #ifdef MLA_BENCH_WITH_CUDA
   const bool gpu = requested != mla::Backend::kCpu && hopper_present();
@@ -371,10 +497,10 @@ int run(Config c) {
                      "--backend: sm90 needs a CUDA build and a compute capability 9.0 GPU; none "
                      "is available here");
   }
+  Result r;
   const bool on_cpu = !gpu;
-  std::string note;
   if (on_cpu) {
-    note = "no Hopper GPU here: running on the cpu reference backend at a small size";
+    r.note = "no Hopper GPU here: running on the cpu reference backend at a small size";
     if (c.batch < 0) c.batch = 4;
     if (c.seq_len < 0) c.seq_len = 1024;
     if (c.iters < 0) c.iters = 5;
@@ -385,8 +511,9 @@ int run(Config c) {
   }
 
   Step s;
-  c.backend = "cpu";  // host buffers first; the GPU path copies them to the device
-  build_step(c, s);
+  Config host = c;
+  host.backend = "cpu";  // host buffers first; the GPU path copies them to the device
+  build_step(host, s);
   std::vector<double> times_us;
   if (on_cpu) {
     for (int i = 0; i < c.warmup; ++i) mla::decode(s.params);
@@ -401,56 +528,143 @@ int run(Config c) {
     times_us = time_on_gpu(c, s);
 #endif
   }
-  const CheckResult check = check_sample(c, s, on_cpu);
+  r.check = check_sample(c, s, on_cpu);
 
   // Work and traffic: every attended (row, key) pair costs 2*D + 2*L FLOPs; each KV row is read
   // once, the query once, the output written once.
   const int64_t D = c.kv_lora_rank + c.rope_dim;
-  int64_t keys = 0;
-  for (int64_t i = 0; i < c.q_len; ++i) keys += attended_keys(c.seq_len, c.q_len, i);
-  const double flops =
-      static_cast<double>(c.batch * keys * c.heads) * (2.0 * D + 2.0 * c.kv_lora_rank);
-  const double bytes =
-      static_cast<double>(c.batch) *
-      (static_cast<double>(c.seq_len * D * dtype_bytes(s.kv_dtype)) +
-       static_cast<double>(c.q_len * c.heads) *
-           (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype)));
-  const double med = median(times_us);
-  const double best = *std::min_element(times_us.begin(), times_us.end());
-  const double tflops = flops / (med * 1e-6) / 1e12;
-  const double tbps = bytes / (med * 1e-6) / 1e12;
-  const char* backend = on_cpu ? "cpu" : "sm90";
-
-  if (c.json) {
-    std::printf(
-        "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"heads\": %lld, \"q_len\": "
-        "%lld, "
-        "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
-        "\"iters\": %d, \"median_us\": %.3f, \"min_us\": %.3f, \"tflops\": %.6f, \"tbps\": %.6f, "
-        "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"passed\": %s}, "
-        "\"note\": \"%s\"}\n",
-        backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
-        static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
-        static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str(), c.iters,
-        med, best, tflops, tbps, check.requests, check.max_abs_diff, check.ok ? "true" : "false",
-        note.c_str());
-  } else {
-    if (!note.empty()) std::printf("note: %s\n", note.c_str());
-    std::printf(
-        "config: backend %s, batch %lld, seq_len %lld, heads %lld, q_len %lld, page %lld, "
-        "L %d, R %d, dtype %s\n",
-        backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
-        static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
-        static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str());
-    std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
-                check.requests,
-                check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
-                check.max_abs_diff);
-    std::printf("time:   median %.1f us, min %.1f us over %d iterations (%s)\n", med, best, c.iters,
-                on_cpu ? "wall clock" : "CUDA events around graph replays, L2 flushed");
-    std::printf("rate:   %.4f TFLOP/s, %.4f TB/s\n", tflops, tbps);
+  double pairs = 0, kv_rows = 0;
+  for (int32_t len : s.seq_lens) {
+    for (int64_t i = 0; i < c.q_len; ++i) pairs += attended_keys(len, c.q_len, i);
+    kv_rows += len;
+    r.max_seq_len = std::max<int64_t>(r.max_seq_len, len);
   }
-  return check.ok ? 0 : 1;
+  r.mean_seq_len = c.batch > 0 ? static_cast<int64_t>(kv_rows / c.batch) : 0;
+  const double flops = pairs * c.heads * (2.0 * D + 2.0 * c.kv_lora_rank);
+  const double bytes = kv_rows * D * dtype_bytes(s.kv_dtype) +
+                       static_cast<double>(c.batch * c.q_len * c.heads) *
+                           (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype));
+  r.median_us = median(times_us);
+  r.min_us = *std::min_element(times_us.begin(), times_us.end());
+  r.tflops = flops / (r.median_us * 1e-6) / 1e12;
+  r.tbps = bytes / (r.median_us * 1e-6) / 1e12;
+  r.backend = on_cpu ? "cpu" : "sm90";
+  r.config = c;
+  return r;
+}
+
+std::string to_json(const Result& r) {
+  const Config& c = r.config;
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof(buf),
+      "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"seq_sd\": %lld, "
+      "\"mean_seq_len\": %lld, \"max_seq_len\": %lld, \"heads\": %lld, \"q_len\": %lld, "
+      "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
+      "\"iters\": %d, \"median_us\": %.3f, \"min_us\": %.3f, \"tflops\": %.6f, \"tbps\": %.6f, "
+      "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"passed\": %s}, \"note\": \"%s\"}",
+      r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
+      static_cast<long long>(c.seq_sd), static_cast<long long>(r.mean_seq_len),
+      static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
+      static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
+      c.rope_dim, c.dtype.c_str(), c.iters, r.median_us, r.min_us, r.tflops, r.tbps,
+      r.check.requests, r.check.max_abs_diff, r.check.ok ? "true" : "false", r.note.c_str());
+  return buf;
+}
+
+void print_text(const Result& r) {
+  const Config& c = r.config;
+  const bool on_cpu = std::string(r.backend) == "cpu";
+  if (!r.note.empty()) std::printf("note: %s\n", r.note.c_str());
+  std::printf(
+      "config: backend %s, batch %lld, seq_len %lld%s, heads %lld, q_len %lld, page %lld, "
+      "L %d, R %d, dtype %s\n",
+      r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
+      c.seq_sd > 0 ? (" (varlen, sd " + std::to_string(c.seq_sd) + ")").c_str() : "",
+      static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
+      static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str());
+  std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
+              r.check.requests,
+              r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
+              r.check.max_abs_diff);
+  std::printf("time:   median %.1f us, min %.1f us over %d iterations (%s)\n", r.median_us,
+              r.min_us, c.iters,
+              on_cpu ? "wall clock" : "CUDA events around graph replays, L2 flushed");
+  std::printf("rate:   %.4f TFLOP/s, %.4f TB/s\n", r.tflops, r.tbps);
+}
+
+// The Hopper goal table: DeepSeek-V3 shapes (page 64, bf16); seq_sd > 0 is the varlen row.
+std::vector<Config> goal_suite(const Config& base) {
+  struct Row {
+    int64_t batch, q_len, seq_len, seq_sd, heads;
+  };
+  const Row rows[] = {{128, 1, 8192, 0, 128},   {128, 2, 8192, 0, 128}, {128, 4, 8192, 0, 128},
+                      {64, 2, 8192, 4096, 128}, {8, 1, 32768, 0, 128},  {128, 1, 8192, 0, 64},
+                      {128, 1, 8192, 0, 16},    {1, 1, 8192, 0, 128},   {1, 1, 65536, 0, 128},
+                      {1, 1, 8192, 0, 16}};
+  std::vector<Config> out;
+  for (const Row& row : rows) {
+    Config c = base;
+    c.batch = row.batch;
+    c.q_len = row.q_len;
+    c.seq_len = row.seq_len;
+    c.seq_sd = row.seq_sd;
+    c.heads = row.heads;
+    out.push_back(c);
+  }
+  return out;
+}
+
+int run(const Config& c) {
+  FILE* json_file = nullptr;
+  if (!c.json_out.empty()) {
+    json_file = std::fopen(c.json_out.c_str(), "w");
+    if (json_file == nullptr) {
+      throw mla::Error(mla::ErrorCode::kInvalidArgument,
+                       "--json-out: cannot open '" + c.json_out + "' for writing");
+    }
+  }
+  Ceilings ceilings;
+  if (c.ceilings || c.suite == "goals") ceilings = measure_ceilings();
+  if (!c.suite.empty() && c.suite != "goals") {
+    throw mla::Error(mla::ErrorCode::kInvalidArgument,
+                     "--suite: expected 'goals', got '" + c.suite + "'");
+  }
+  const std::vector<Config> configs = c.suite.empty() ? std::vector<Config>{c} : goal_suite(c);
+  std::vector<Result> results;
+  bool ok = true;
+  for (const Config& config : configs) {
+    results.push_back(measure(config));
+    const Result& r = results.back();
+    ok = ok && r.check.ok;
+    if (json_file != nullptr) std::fprintf(json_file, "%s\n", to_json(r).c_str());
+    if (c.json) {
+      std::printf("%s\n", to_json(r).c_str());
+    } else if (c.suite.empty()) {
+      print_text(r);
+    }
+    std::fflush(stdout);
+  }
+  if (json_file != nullptr) std::fclose(json_file);
+  if (ceilings.measured) {
+    std::printf(
+        "ceilings: device copy %.2f TB/s (bytes read + written), bf16 matmul %.0f TFLOP/s "
+        "(8192^3, cuBLAS)\n",
+        ceilings.copy_tbps, ceilings.matmul_tflops);
+  }
+  if (!c.suite.empty() && !c.json) {
+    std::printf("| batch | q_len | seq_len | heads | median us | TFLOP/s | TB/s | check |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const Result& r : results) {
+      const Config& k = r.config;
+      std::printf("| %lld | %lld | %lld%s | %lld | %.1f | %.1f | %.2f | %s |\n",
+                  static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
+                  static_cast<long long>(k.seq_len), k.seq_sd > 0 ? " varlen" : "",
+                  static_cast<long long>(k.heads), r.median_us, r.tflops, r.tbps,
+                  r.check.ok ? "ok" : "MISMATCH");
+    }
+  }
+  return ok ? 0 : 1;
 }
 
 }  // namespace
