@@ -15,7 +15,12 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/v0/split_kv_bf16_fp8.cu
     src/sm90/decode/v0/combine_bf16.cu
     src/sm90/decode/v0/combine_fp16.cu
+    # v1: TMA + wgmma split-KV kernel for 16-bit query/kv_cache (one file per element type).
+    src/sm90/decode/v1/tensor_map.cc
+    src/sm90/decode/v1/split_kv_bf16.cu
+    src/sm90/decode/v1/split_kv_fp16.cu
   )
+  target_link_libraries(mla_decode PRIVATE mla_cutlass)
   set_target_properties(mla_decode PROPERTIES CUDA_RUNTIME_LIBRARY Static)
   target_link_libraries(mla_decode PUBLIC CUDA::cudart_static)
   # ptxas reports registers, shared memory and spills of every kernel; MLA_PTXAS_VERBOSE=OFF

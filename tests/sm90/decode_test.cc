@@ -489,11 +489,117 @@ std::vector<Case> mixed_cases() {
   return cases;
 }
 
+// The v1 kernel's configurations (16-bit query and kv_cache, page_size >= 16, aligned strides):
+// every head count through one or several 64-row tiles, page sizes 16 to 256, partial last blocks,
+// many splits, masks, ragged queries, sinks, skip-softmax and padded strides.
+std::vector<Case> v1_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 2800 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  const int page_sizes[] = {16, 32, 64, 256};
+  int n = 0;
+  for (int H : {1, 16, 64, 128}) {
+    for (int q_len : {1, 2, 4, 16}) {
+      Case c;
+      c.B = 3;
+      c.H = H;
+      c.q_len = q_len;
+      c.page_size = page_sizes[n++ % 4];
+      c.seq_lens = {q_len == 16 ? 700 : 1500, 0, q_len > 1 ? q_len - 1 : 1};
+      if (n % 3 == 0) c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+      add(c);
+    }
+  }
+  {
+    Case c;  // long sequences, many splits; lengths around block and page edges
+    c.B = 5;
+    c.H = 128;
+    c.q_len = 1;
+    c.page_size = 64;
+    c.seq_lens = {6000, 64, 65, 127, 129};
+    add(c);
+    c.page_size = 32;
+    c.q_len = 2;
+    c.seq_lens = {5001, 63, 2, 1, 96};
+    c.sinks = true;
+    add(c);
+    c.B = 1;
+    c.H = 16;
+    c.q_len = 1;
+    c.page_size = 256;
+    c.seq_lens = {9000};
+    c.sinks = false;
+    add(c);
+  }
+  for (Mask m : {Mask::kU32, Mask::kU16}) {
+    Case c;
+    c.B = 3;
+    c.H = m == Mask::kU32 ? 128 : 16;
+    c.q_len = 5;
+    c.page_size = 32;
+    c.mask = m;
+    c.seq_lens = {400, 3, 70};
+    add(c);
+  }
+  {
+    Case c;  // ragged, with and without the max_q_len hint
+    c.B = 4;
+    c.H = 64;
+    c.ragged_q_lens = {1, 7, 0, 16};
+    c.seq_lens = {300, 7, 5, 200};
+    c.page_size = 16;
+    c.max_q_len_hint = true;
+    add(c);
+    c.H = 128;
+    c.ragged_q_lens = {2, 1, 3, 1};
+    c.seq_lens = {1000, 1, 2, 0};
+    c.max_q_len_hint = false;
+    c.mask = Mask::kU32;
+    c.sinks = true;
+    add(c);
+  }
+  {
+    Case c;  // scales as tensors, lse off, fp16 out, skip-softmax with the dense result
+    c.B = 3;
+    c.H = 128;
+    c.q_len = 2;
+    c.page_size = 64;
+    c.seq_lens = {2000, 33, 700};
+    c.scale_tensors = true;
+    c.bmm1 = 0.3;
+    c.bmm2 = 2.5;
+    c.lse = false;
+    c.out_dtype = kFp16;
+    add(c);
+    c.skip = 1e-30f;
+    c.lse = true;
+    c.scale_tensors = false;
+    add(c);
+  }
+  for (bool kv4d : {false, true}) {  // padded strides (16-byte multiples), 3-D and 4-D kv
+    Case c;
+    c.B = 3;
+    c.H = 128;
+    c.q_len = 2;
+    c.page_size = kv4d ? 16 : 64;
+    c.seq_lens = {900, 2, 129};
+    c.strided = true;
+    c.kv4d = kv4d;
+    c.sinks = kv4d;
+    add(c);
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_name);
 
 // ---- Empty batches ----------------------------------------------------------------------------
 

@@ -8,17 +8,25 @@
 //   partial_sum [S, T, H] fp32     sum of exp(s - max)
 //   partial_acc [S, T, H, L] fp32  unnormalized sum of exp(s - max) * v
 // with S = num_splits (split_count below), T query tokens, H heads, L = 512.
+//
+// Kernel routing (docs/sm90-v1.md): v1 (TMA + wgmma, 64 query rows per CTA) takes dense-mode
+// bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned query and kv_cache
+// strides and addresses; everything else (sparse mode, fp8 kv_cache, page_size < 16, other
+// strides) runs on v0. Both write the same partials, merged by v0's combine kernel.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "host/backends.h"
 #include "host/check.h"
 #include "sm90/decode/v0/launch.h"
+#include "sm90/decode/v1/launch.h"
 #include "sm90/params.h"
 
 namespace mla::detail::sm90 {
@@ -29,10 +37,12 @@ using ::mla::sm90::Elem;
 using ::mla::sm90::IndexCheck;
 using ::mla::sm90::IndexCheckParams;
 namespace v0 = ::mla::sm90::v0;
+namespace v1 = ::mla::sm90::v1;
 
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMinKeysPerSplit = 256;  // a split handles at least this many keys
 constexpr int64_t kMaxSplits = 64;
+constexpr int64_t kV1MinKeysPerSplit = 128;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -83,12 +93,52 @@ int sm_count(int device) {
   return count;
 }
 
-// Upper bound of the splits per query token, from shapes only: enough CTAs for two waves, at least
-// kMinKeysPerSplit keys per split.
+// MLA_SM90_KERNEL=v0 in the environment keeps every call on v0 (for comparisons).
+bool v0_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("MLA_SM90_KERNEL");
+    return v != nullptr && std::string(v) == "v0";
+  }();
+  return forced;
+}
+
+// v1 query-row tiles of one request: ceil(max_q_len * H / 64).
+int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, v1::kTileRows); }
+
+// The shape part of v1's eligibility (the rest, data addresses and the tensor map, is checked at
+// run time; a call that fails it runs v0 with v1's split count, which v0 accepts).
+bool v1_shape_ok(const Problem& p) {
+  if (v0_forced() || p.sparse || p.D != 576) return false;
+  const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16;
+  const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
+  if (!bf16 && !fp16) return false;
+  if (p.page_size < 16 || p.page_size > 256) return false;  // TMA boxes of >= 16 rows
+  // 16-byte-aligned strides: TMA (kv rows and pages) and vector loads (query rows).
+  if (p.kv_row_stride % 8 != 0 || p.kv_page_stride % 8 != 0) return false;
+  if (p.q.batch % 8 != 0 || p.q.token % 8 != 0 || p.q.head % 8 != 0) return false;
+  if (p.batch > 65535) return false;  // grid.y
+  // Ragged queries without a tight max_q_len: the (tile, request) grid would be mostly empty.
+  const int64_t tiles = v1_tiles(p);
+  if (p.batch * tiles > 4 * ceil_div(p.num_tokens * p.num_heads, v1::kTileRows) + p.batch) {
+    return false;
+  }
+  return true;
+}
+
+// Upper bound of the splits per query token, from shapes only.
+// v0: enough CTAs for two waves, at least kMinKeysPerSplit keys per split.
+// v1 (one CTA per SM): as many splits as fit one wave of (tile, request) CTAs, at least
+// kV1MinKeysPerSplit keys per split.
 int64_t split_count(const Problem& p) {
   if (p.num_tokens == 0) return 1;
+  const int64_t sms = sm_count(p.device.device_id);
+  if (v1_shape_ok(p)) {
+    const int64_t ctas = p.batch * v1_tiles(p);
+    const int64_t cap = std::max<int64_t>(1, ceil_div(p.max_seq_len, kV1MinKeysPerSplit));
+    return std::clamp<int64_t>(sms / ctas, 1, std::min(cap, kMaxSplits));
+  }
   const int64_t head_groups = ceil_div(p.num_heads, v0::kHeadsPerCta);
-  const int64_t want = ceil_div(2 * sm_count(p.device.device_id), p.num_tokens * head_groups);
+  const int64_t want = ceil_div(2 * sms, p.num_tokens * head_groups);
   const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
   const int64_t cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
   return std::clamp<int64_t>(want, 1, std::min(cap, kMaxSplits));
@@ -327,8 +377,19 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   return k;
 }
 
-cudaError_t launch_split_kv(Elem q, Elem kv, const DecodeKernelParams& k, cudaStream_t stream,
-                            bool pdl) {
+cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKernelParams& k,
+                            cudaStream_t stream, bool pdl) {
+  // v1 where the call fits it (see the routing note at the top of this file).
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(k.query) % 16 == 0 && reinterpret_cast<uintptr_t>(k.kv) % 16 == 0;
+  if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned && v1_shape_ok(p)) {
+    CUtensorMap kv_map;
+    if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
+      const int tiles = static_cast<int>(v1_tiles(p));
+      return q == Elem::kBf16 ? v1::launch_split_kv<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
+                              : v1::launch_split_kv<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
+    }
+  }
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
     return v0::launch_split_kv<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
   }
@@ -404,7 +465,7 @@ void run(const Problem& p, const DecodeParams& prm) {
 
   const DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
   MLA_CUDA_CHECK(
-      launch_split_kv(elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
+      launch_split_kv(p, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
       "launching the split-KV decode kernel");
   const cudaError_t err = p.out_dtype == dtype::kBFloat16
                               ? v0::launch_combine<Elem::kBf16>(k, stream, prm.enable_pdl)
