@@ -7,5 +7,5 @@ bash "$root/scripts/build.sh"
 cd "$root/build"
 ctest --output-on-failure -j "$(nproc)"
 cd "$root"
-MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python" \
+MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
   "${MLA_PYTHON:-$root/.deps/venv/bin/python}" -m pytest tests/python -q
