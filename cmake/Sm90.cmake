@@ -19,6 +19,9 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/v1/tensor_map.cc
     src/sm90/decode/v1/split_kv_bf16.cu
     src/sm90/decode/v1/split_kv_fp16.cu
+    # v2: the seesaw schedule of the v1 pipeline (same tensor map and partials).
+    src/sm90/decode/v2/seesaw_bf16.cu
+    src/sm90/decode/v2/seesaw_fp16.cu
   )
   target_link_libraries(mla_decode PRIVATE mla_cutlass)
   set_target_properties(mla_decode PROPERTIES CUDA_RUNTIME_LIBRARY Static)

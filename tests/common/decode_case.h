@@ -439,16 +439,19 @@ inline ::testing::AssertionResult run_decode(const mla::DecodeParams& params) {
   return ::testing::AssertionSuccess();
 }
 
-// Every out and lse element against the oracle, and out's padding untouched.
-inline void check_against_oracle(const Built& b) {
+// Every out and lse element against the oracle, and out's padding untouched. `p_rel`: the
+// allowance for probabilities rounded to 16 bits (mla_test::OutTolerance); 0 for fp32 P.
+inline void check_against_oracle(const Built& b, double p_rel = 0.0) {
   const oracle::Output ref = oracle::reference(b.in);
   const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
   const int L = b.c.L;
   double worst_out = 0.0, worst_lse = 0.0;
+  mla_test::OutTolerance tol = mla_test::out_tolerance(b.c.out_dtype);
+  tol.p_rel = p_rel;
   EXPECT_TRUE(mla_test::compare_rows(
-      "out", rows, L, mla_test::out_tolerance(b.c.out_dtype),
-      [&](int64_t r, int64_t l) { return b.out.get(b.out_row[r] + l); },
+      "out", rows, L, tol, [&](int64_t r, int64_t l) { return b.out.get(b.out_row[r] + l); },
       [&](int64_t r, int64_t l) { return ref.out[r * L + l]; },
+      [&](int64_t r, int64_t l) { return ref.out_abs[r * L + l]; },
       [&](int64_t r) { return std::isinf(ref.lse[r]); }, &worst_out));
   if (b.c.lse) {
     EXPECT_TRUE(mla_test::compare_lse(

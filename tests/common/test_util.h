@@ -171,22 +171,38 @@ class Buffer {
 
 // ---- Tolerances and comparison ----------------------------------------------------------------
 
-// |got - ref| <= atol_row * max|ref over the row| + rtol * |ref| + atol_abs, where a row is the L
-// output values of one (token, head). rtol covers the final rounding to the output dtype (half an
-// ulp is 2^-8 relative for bf16, 2^-11 for fp16; we allow twice that); atol_abs covers fp16's
-// subnormal range, where the spacing is a fixed 2^-24 (bf16 has fp32's range: no floor needed);
-// atol_row covers fp32 accumulation error in the softmax and the weighted sum, which scales with
-// the row's magnitude rather than the element's.
+// |got - ref| <= atol_row * max|ref over the row| + rtol * |ref| + atol_abs + p_rel * ref_abs,
+// where a row is the L output values of one (token, head). rtol covers the final rounding to the
+// output dtype (half an ulp is 2^-8 relative for bf16, 2^-11 for fp16; we allow twice that);
+// atol_abs covers fp16's subnormal range, where the spacing is a fixed 2^-24 (bf16 has fp32's
+// range: no floor needed); atol_row covers fp32 accumulation error in the softmax and the weighted
+// sum, which scales with the row's magnitude rather than the element's.
+//
+// p_rel is for kernels that round each probability p_j to a 16-bit type before the weighted sum
+// (the tensor-core PV product takes 16-bit operands). Rounding to nearest moves p_j by at most half
+// an ulp, 2^-9 relative for bf16 (2^-12 for fp16, in its normal range), so out moves by at most
+// 2^-9 * |bmm2_scale| * sum_j p_j |v_j| / Z = 2^-9 * ref_abs (the oracle's out_abs), which can be
+// far above rtol * |ref| where the terms cancel. We allow twice that: p_rel = 2^-8 for bf16 P and
+// 2^-11 for fp16 P; 0 where P stays fp32 (the cpu backend).
 struct OutTolerance {
   double rtol;
   double atol_row;
   double atol_abs;
+  double p_rel = 0.0;
 };
 
 inline OutTolerance out_tolerance(mla::DataType out_dtype) {
   if (out_dtype == mla::dtype::kBFloat16) return {1.0 / 128, 1e-4, 0.0};
   if (out_dtype == mla::dtype::kFloat16) return {1.0 / 1024, 1e-4, 1.0 / (1 << 24)};
   throw std::invalid_argument("out_tolerance: unsupported dtype");
+}
+
+// p_rel for probabilities rounded to `p_dtype` (see OutTolerance); fp32 P: 0.
+inline double p_rounding_rel(mla::DataType p_dtype) {
+  if (p_dtype == mla::dtype::kBFloat16) return 1.0 / 256;
+  if (p_dtype == mla::dtype::kFloat16) return 1.0 / 2048;
+  if (p_dtype == mla::dtype::kFloat32) return 0.0;
+  throw std::invalid_argument("p_rounding_rel: unsupported dtype");
 }
 
 // lse is fp32, from fp32 scores of D-term dot products. Measured on these sweeps, the cpu backend
@@ -197,13 +213,14 @@ inline OutTolerance out_tolerance(mla::DataType out_dtype) {
 constexpr double kLseAtol = 2e-5;
 constexpr double kLseRtol = 2e-5;
 
-// Compares `count` rows of `width` values; got(r, c) and ref(r, c) give the values. Empty rows
-// (all reference values exactly 0 with `row_empty(r)` true) must be exactly 0. NaN never passes.
-// `worst` (optional) receives the largest |err| / allowed over non-empty rows.
-template <typename Got, typename Ref, typename Empty>
+// Compares `count` rows of `width` values; got(r, c), ref(r, c) and ref_abs(r, c) give the
+// values and the reference's magnitude scale (OutTolerance::p_rel). Empty rows (all reference
+// values exactly 0 with `row_empty(r)` true) must be exactly 0. NaN never passes. `worst`
+// (optional) receives the largest |err| / allowed over non-empty rows.
+template <typename Got, typename Ref, typename RefAbs, typename Empty>
 ::testing::AssertionResult compare_rows(const char* what, int64_t rows, int64_t width,
-                                        OutTolerance tol, Got got, Ref ref, Empty row_empty,
-                                        double* worst_out = nullptr) {
+                                        OutTolerance tol, Got got, Ref ref, RefAbs ref_abs,
+                                        Empty row_empty, double* worst_out = nullptr) {
   int64_t bad = 0;
   double worst = 0.0;  // largest |err| / allowed
   std::ostringstream msg;
@@ -214,8 +231,9 @@ template <typename Got, typename Ref, typename Empty>
     for (int64_t c = 0; c < width; ++c) {
       const double g = got(r, c);
       const double x = ref(r, c);
-      const double allowed =
-          empty ? 0.0 : tol.atol_row * row_max + tol.rtol * std::fabs(x) + tol.atol_abs;
+      const double allowed = empty ? 0.0
+                                   : tol.atol_row * row_max + tol.rtol * std::fabs(x) +
+                                         tol.atol_abs + tol.p_rel * ref_abs(r, c);
       const double err = std::fabs(g - x);
       const bool ok = !std::isnan(g) && std::isfinite(x) && err <= allowed;
       if (!empty && allowed > 0) worst = std::max(worst, err / allowed);
@@ -233,8 +251,8 @@ template <typename Got, typename Ref, typename Empty>
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << bad << " of " << rows * width << " " << what << " values out of tolerance (rtol "
-         << tol.rtol << ", atol " << tol.atol_row << " * row max + " << tol.atol_abs << ")"
-         << msg.str();
+         << tol.rtol << ", atol " << tol.atol_row << " * row max + " << tol.atol_abs << ", p_rel "
+         << tol.p_rel << ")" << msg.str();
 }
 
 // lse: -inf exactly where the reference is -inf, else within kLseAtol + kLseRtol * |ref|.

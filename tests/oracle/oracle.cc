@@ -96,6 +96,7 @@ Output reference(const Input& in) {
   Output result;
   result.out.assign(static_cast<size_t>(T) * H * L, 0.0);
   result.lse.assign(static_cast<size_t>(T) * H, -std::numeric_limits<double>::infinity());
+  result.out_abs.assign(static_cast<size_t>(T) * H * L, 0.0);
 
   std::vector<double> s;
   for (int b = 0; b < in.batch; ++b) {
@@ -105,6 +106,7 @@ Output reference(const Input& in) {
       for (int h = 0; h < H; ++h) {
         const double* q = &in.query.at((static_cast<size_t>(t) * H + h) * D);
         double* out = &result.out[(static_cast<size_t>(t) * H + h) * L];
+        double* out_abs = &result.out_abs[(static_cast<size_t>(t) * H + h) * L];
         if (slots.empty()) continue;  // out = 0, lse = -inf
 
         // Pass 1: scores and their maximum.
@@ -130,9 +132,15 @@ Output reference(const Input& in) {
         for (size_t a = 0; a < slots.size(); ++a) {
           const double p = std::exp(s[a] - m) / z;
           const double* v = &in.kv.at(static_cast<size_t>(slots[a]) * D);
-          for (int l = 0; l < L; ++l) out[l] += p * v[l];
+          for (int l = 0; l < L; ++l) {
+            out[l] += p * v[l];
+            out_abs[l] += p * std::fabs(v[l]);
+          }
         }
-        for (int l = 0; l < L; ++l) out[l] *= in.bmm2_scale;
+        for (int l = 0; l < L; ++l) {
+          out[l] *= in.bmm2_scale;
+          out_abs[l] *= std::fabs(in.bmm2_scale);
+        }
       }
     }
   }

@@ -56,6 +56,9 @@ struct Input {
 struct Output {
   std::vector<double> out;  // [T, H, L]
   std::vector<double> lse;  // [T, H]; -inf for an empty attended set
+  // [T, H, L] |bmm2_scale| * sum_j p_j |v_jl| / Z (Z with the sink, as for out): the size of the
+  // terms that out sums, an error scale for kernels that round each p_j (0 for an empty set).
+  std::vector<double> out_abs;
 };
 
 // The attended key set of query token i of request b as KV pool rows (duplicates kept, in order).

@@ -67,6 +67,25 @@ TEST(Oracle, SinkShrinksOutButNotLse) {
   EXPECT_NEAR(r.out[0], 0.5, 1e-15);
 }
 
+TEST(Oracle, OutAbsSumsMagnitudes) {
+  // v1 = -2 instead of 0: out = (1 * 2 + 3 * -2) / 4 = -1, out_abs = (2 + 6) / 4 = 2.
+  oracle::Input in = two_keys(2, 1);
+  in.kv[0] = -2.0;  // pool row 0 = key 1
+  in.bmm2_scale = -0.5;
+  oracle::Output r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 0.5, 1e-15);
+  EXPECT_NEAR(r.out_abs[0], 1.0, 1e-15);
+
+  in.has_sinks = true;
+  in.sinks = {std::log(4.0)};  // Z = (1 + 3 + 4) / 4: both shrink by half
+  r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 0.25, 1e-15);
+  EXPECT_NEAR(r.out_abs[0], 0.5, 1e-15);
+
+  r = oracle::reference(two_keys(0, 1));  // empty set
+  EXPECT_EQ(r.out_abs[0], 0.0);
+}
+
 TEST(Oracle, EmptySetGivesZeroAndMinusInf) {
   oracle::Input in = two_keys(0, 1);
   oracle::Output r = oracle::reference(in);

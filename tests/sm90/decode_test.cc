@@ -40,6 +40,15 @@ bool has_hopper() {
   return present;
 }
 
+// The out allowance for probabilities rounded to 16 bits (mla_test::OutTolerance::p_rel): the
+// wgmma kernel (v1) rounds P to the kv_cache type for its PV product; v0 keeps fp32 P, and the
+// allowance is only an upper bound there.
+void check_sm90(const Built& b) {
+  const DataType p_dtype =
+      b.c.kv_dtype == dt::kBFloat16 || b.c.kv_dtype == dt::kFloat16 ? b.c.kv_dtype : dt::kFloat32;
+  check_against_oracle(b, mla_test::p_rounding_rel(p_dtype));
+}
+
 #define SKIP_WITHOUT_HOPPER()                                                      \
   do {                                                                             \
     if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"; \
@@ -187,7 +196,7 @@ TEST_P(Sm90Decode, MatchesOracle) {
   DeviceCall call(*b);
   ASSERT_TRUE(run_on_gpu(call.params));
   call.download(*b);
-  check_against_oracle(*b);
+  check_sm90(*b);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Case>& info) {
@@ -683,7 +692,7 @@ TEST(Sm90DecodeIndices, CheckedModePassesGoodInput) {
   call.params.validate_indices = true;
   ASSERT_TRUE(run_on_gpu(call.params));
   call.download(*b);
-  check_against_oracle(*b);
+  check_sm90(*b);
 }
 
 // ---- Graphs, PDL, determinism -----------------------------------------------------------------
@@ -717,7 +726,7 @@ TEST(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   CUDA_OK(cudaGraphLaunch(exec, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   call.download(*b);
-  check_against_oracle(*b);
+  check_sm90(*b);
 
   // Same page counts (63 + 3 + 1, longest 63), other lengths, data and scales.
   Case next = c;
@@ -730,7 +739,7 @@ TEST(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   CUDA_OK(cudaGraphLaunch(exec, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   call.download(*b2);
-  check_against_oracle(*b2);
+  check_sm90(*b2);
 
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
@@ -750,7 +759,7 @@ TEST(Sm90DecodeDeterminism, TwoRunsAndPdlAreBitwiseIdentical) {
   DeviceCall call(*b);
   ASSERT_TRUE(run_on_gpu(call.params));
   call.download(*b);
-  check_against_oracle(*b);
+  check_sm90(*b);
   const std::vector<uint8_t> out1 = b->out.bytes(), lse1 = b->lse.bytes();
   for (bool pdl : {false, true}) {
     b->reset_outputs(777);

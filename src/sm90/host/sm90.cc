@@ -11,8 +11,9 @@
 //
 // Kernel routing (docs/sm90-v1.md): v1 (TMA + wgmma, 64 query rows per CTA) takes dense-mode
 // bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned query and kv_cache
-// strides and addresses; everything else (sparse mode, fp8 kv_cache, page_size < 16, other
-// strides) runs on v0. Both write the same partials, merged by v0's combine kernel.
+// strides and addresses (MLA_SM90_KERNEL=v2 runs the seesaw kernel of docs/sm90-v2.md there
+// instead); everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on
+// v0. All write the same partials, merged by v0's combine kernel.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -27,6 +28,7 @@
 #include "host/check.h"
 #include "sm90/decode/v0/launch.h"
 #include "sm90/decode/v1/launch.h"
+#include "sm90/decode/v2/launch.h"
 #include "sm90/params.h"
 
 namespace mla::detail::sm90 {
@@ -38,6 +40,7 @@ using ::mla::sm90::IndexCheck;
 using ::mla::sm90::IndexCheckParams;
 namespace v0 = ::mla::sm90::v0;
 namespace v1 = ::mla::sm90::v1;
+namespace v2 = ::mla::sm90::v2;
 
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMinKeysPerSplit = 256;  // a split handles at least this many keys
@@ -93,14 +96,16 @@ int sm_count(int device) {
   return count;
 }
 
-// MLA_SM90_KERNEL=v0 in the environment keeps every call on v0 (for comparisons).
-bool v0_forced() {
-  static const bool forced = [] {
+// MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0, v2
+// runs the seesaw kernel where v1 would run (v2 is measured slower; docs/sm90-v2.md).
+std::string forced_kernel() {
+  static const std::string forced = [] {
     const char* v = std::getenv("MLA_SM90_KERNEL");
-    return v != nullptr && std::string(v) == "v0";
+    return std::string(v != nullptr ? v : "");
   }();
   return forced;
 }
+bool v0_forced() { return forced_kernel() == "v0"; }
 
 // v1 query-row tiles of one request: ceil(max_q_len * H / 64).
 int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, v1::kTileRows); }
@@ -386,6 +391,10 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       const int tiles = static_cast<int>(v1_tiles(p));
+      if (forced_kernel() == "v2") {
+        return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
+                                : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
+      }
       return q == Elem::kBf16 ? v1::launch_split_kv<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
                               : v1::launch_split_kv<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
     }

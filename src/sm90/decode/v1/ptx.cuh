@@ -75,6 +75,11 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) 
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
+// Arrives at named barrier `id` over `count` threads without waiting (the other side syncs).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // Named barrier that also returns the AND of `pred` over its `count` threads.
 __device__ __forceinline__ bool named_barrier_and(uint32_t id, uint32_t count, bool pred) {
   uint32_t result;

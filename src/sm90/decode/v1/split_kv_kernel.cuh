@@ -11,128 +11,19 @@
 //   WG0 producer: one thread loads each K block (64 keys x 576) through the kv_cache tensor map
 //     into a 2-stage ring (full/empty mbarriers), one box per (page, 64-column chunk).
 //   WG1, WG2 consumers: consumer c scores keys [32c, 32c + 32) of the block (S = Q K^T), the two
-//     exchange row maxima, each keeps its own row sums, writes its half of P (as 16-bit hi + lo
-//     parts), and accumulates columns [256c, 256c + 256) of O += P V over all 64 keys.
+//     exchange row maxima, each keeps its own row sums, writes its half of P (16-bit), and
+//     accumulates columns [256c, 256c + 256) of O += P V over all 64 keys.
 // Longer rationale: docs/sm90-v1.md.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "sm90/common.cuh"
+#include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
 #include "sm90/decode/v1/traits.h"
 
 namespace mla::sm90::v1 {
-
-// The request and key range of one CTA, resolved on the device.
-struct TileWork {
-  int b;            // request
-  int token0;       // global token index of the request's first query token
-  int n;            // query tokens of the request
-  int row0;         // first row of the tile (token * H + head)
-  int rows;         // n * H
-  int seq_len;      // seq_lens[b]
-  int extent;       // keys [0, extent) may be attended by some row of the tile
-  int block_begin;  // this split's run of 64-key blocks
-  int block_end;
-};
-
-__device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
-  TileWork w;
-  w.b = blockIdx.y;
-  if (p.cum_seq_lens_q != nullptr) {
-    w.token0 = p.cum_seq_lens_q[w.b];
-    w.n = p.cum_seq_lens_q[w.b + 1] - w.token0;
-  } else {
-    w.token0 = w.b * p.q_len;
-    w.n = p.q_len;
-  }
-  w.rows = w.n * p.num_heads;
-  w.row0 = blockIdx.x * kTileRows;
-  w.seq_len = p.seq_lens[w.b];
-  const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
-  w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
-  const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
-  const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
-  w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
-  w.block_end = min(num_blocks, w.block_begin + per_split);
-  return w;
-}
-
-// Which keys one query row attends: j < limit, and with a custom mask, j < first_query or the
-// mask bit (j - first_query) of the row.
-struct RowRule {
-  int limit;            // 0 for padding rows
-  int first_query;      // seq_len - n_b
-  const uint8_t* mask;  // the row's mask bytes, or null
-  __device__ __forceinline__ bool attends(int j) const {
-    if (j >= limit) return false;
-    if (mask == nullptr || j < first_query) return true;
-    const int bit = j - first_query;
-    return (mask[bit >> 3] >> (bit & 7)) & 1;
-  }
-};
-
-// ---- producer ----
-
-template <typename Traits>
-__device__ __forceinline__ void produce_blocks(const DecodeKernelParams& p, const TileWork& w,
-                                               const CUtensorMap* kv_map,
-                                               typename Traits::SharedMemoryPlan& smem) {
-  constexpr int kKeys = Traits::kKeys;
-  const int page_rows = min(kKeys, p.page_size);  // rows per box
-  const int page_shift = p.page_shift;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
-  const uint32_t piece_bytes = page_rows * Traits::kD * sizeof(typename Traits::T);
-
-  // Page ids of a block's pieces; entries past the last needed page are never read.
-  auto load_pages = [&](int block, int(&pages)[4], int& pieces) {
-    const int key0 = block * kKeys;
-    const int valid = min(kKeys, w.extent - key0);
-    pieces = (valid + page_rows - 1) / page_rows;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      pages[q] = q < pieces ? table[(key0 + q * page_rows) >> page_shift] : 0;
-    }
-  };
-
-  int pages[4], pieces = 0;
-  load_pages(w.block_begin, pages, pieces);
-  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
-    const int stage = it % Traits::kStages;
-    const uint32_t phase = (it / Traits::kStages) & 1;
-    int cur[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) cur[q] = pages[q];
-    const int cur_pieces = pieces;
-    if (block + 1 < w.block_end) load_pages(block + 1, pages, pieces);  // ahead of the wait
-
-    mbar_wait(&smem.empty[stage], phase ^ 1);
-    mbar_arrive_expect_tx(&smem.full[stage], cur_pieces * piece_bytes);
-    const int key0 = block * kKeys;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (q < cur_pieces) {
-        const int row_in_page = (key0 + q * page_rows) & (p.page_size - 1);
-        typename Traits::T* dst = smem.k[stage] + q * page_rows * Traits::kChunkCols;
-#pragma unroll
-        for (int c = 0; c < Traits::kChunks; ++c) {
-          tma_load_3d(dst + c * Traits::kKeys * Traits::kChunkCols, kv_map, &smem.full[stage],
-                      c * Traits::kChunkCols, row_in_page, cur[q]);
-        }
-      }
-    }
-  }
-}
-
-// ---- consumers ----
-
-// Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_per_chunk) {
-  const int chunk = col >> 6, c = col & 63;
-  return chunk * rows_per_chunk * 128 + row * 128 + ((((c >> 3) ^ (row & 7))) << 4) +
-         ((c & 7) << 1);
-}
 
 template <Elem E>
 __global__ void __launch_bounds__(SplitKvTraits<E>::kThreads, 1)
@@ -351,26 +242,18 @@ __global__ void __launch_bounds__(SplitKvTraits<E>::kThreads, 1)
     CUTE_UNROLL
     for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= rescale[(v >> 1) & 1];
 
-    // ---- P half into shared memory (P = hi + lo); zero V rows of keys past the extent ----
+    // ---- P half into shared memory (16-bit); zero V rows of keys past the extent ----
     {
-      // NOTE: one 16-bit P loses ~3 significant digits of out where the terms cancel (beyond
-      // the tests' bf16 tolerance); hi + lo keeps it near fp32 at the cost of a second PV
-      // pass. lo goes to the stage's rope chunk (64 keys x 64 columns, the P tile's layout),
-      // which nothing reads once both consumers' S are done.
-      uint8_t* p_hi = reinterpret_cast<uint8_t*>(smem.p);
-      uint8_t* p_lo = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+      // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times sum_j p_j |v_j| / Z,
+      // which dominates where the terms cancel (docs/sm90-v1.md, Precision).
+      uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p);
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); v += 2) {
         const int r = get<0>(tScS(v));
         const int c = cw * Traits::kKeysPerWg + get<1>(tScS(v));
         const uint32_t offset = swizzled_offset(r, c, kRows);
-        T hi[2] = {T(tSrS(v)), T(tSrS(v + 1))};
-        *reinterpret_cast<uint32_t*>(p_hi + offset) = *reinterpret_cast<const uint32_t*>(hi);
-        if constexpr (Traits::kSplitP) {
-          T lo[2] = {T(tSrS(v) - static_cast<float>(hi[0])),
-                     T(tSrS(v + 1) - static_cast<float>(hi[1]))};
-          *reinterpret_cast<uint32_t*>(p_lo + offset) = *reinterpret_cast<const uint32_t*>(lo);
-        }
+        T pair[2] = {T(tSrS(v)), T(tSrS(v + 1))};
+        *reinterpret_cast<uint32_t*>(p_bytes + offset) = *reinterpret_cast<const uint32_t*>(pair);
       }
       // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
       // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
@@ -390,7 +273,7 @@ __global__ void __launch_bounds__(SplitKvTraits<E>::kThreads, 1)
     }
     named_barrier_sync(static_cast<uint32_t>(NamedBarrier::kConsumers), Traits::kConsumerThreads);
 
-    // ---- pv_gemm: O[:, 256c : 256c + 256] += (P_hi + P_lo) V ----
+    // ---- pv_gemm: O[:, 256c : 256c + 256] += P V ----
     {
       Tensor sV = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutV{});
       Tensor sV_half =
@@ -401,15 +284,6 @@ __global__ void __launch_bounds__(SplitKvTraits<E>::kThreads, 1)
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOrP); ++k) {
         cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-      }
-      if constexpr (Traits::kSplitP) {
-        Tensor sP_lo = make_tensor(make_smem_ptr(k_stage + Traits::kRopeChunkOffset),
-                                   typename Traits::SmemLayoutP{});
-        Tensor tOrP_lo = thr_pv.partition_fragment_A(sP_lo);
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(tOrP_lo); ++k) {
-          cute::gemm(mma_pv, tOrP_lo(_, _, k), tOrV(_, _, k), tOrO);
-        }
       }
       warpgroup_commit_batch();
       warpgroup_wait<0>();

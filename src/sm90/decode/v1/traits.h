@@ -58,11 +58,7 @@ struct SplitKvTraits {
   static constexpr int kColsPerWg = kL / 2;     // and owns half of O's columns
   static constexpr int kChunkCols = 64;         // one 128-byte swizzle atom row of 16-bit values
   static constexpr int kChunks = kD / kChunkCols;
-  // Element offset of the rope chunk (columns 512..575) of a K stage: P_lo's place once S is done.
-  static constexpr int kRopeChunkOffset = (kL / kChunkCols) * kKeys * kChunkCols;
   static_assert(kChunks == kL / kChunkCols + 1, "one rope chunk of 64 columns");
-  // P enters PV as hi + lo 16-bit parts (see the kernel's NOTE).
-  static constexpr bool kSplitP = true;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
