@@ -12,6 +12,9 @@ enum class Elem : int { kBf16 = 0, kFp16 = 1, kFp8E4M3 = 2 };
 // Keys per online-softmax block, per skip-softmax decision and per split unit.
 inline constexpr int kBlockKeys = 64;
 
+// Most splits per query token (the combine kernel's warp 0 holds kMaxSplits / 32 per lane).
+inline constexpr int kMaxSplits = 128;
+
 // Bytes at the start of the workspace that hold the checked mode's record (the first bad index).
 inline constexpr int64_t kCheckRecordBytes = 256;
 
@@ -43,7 +46,7 @@ struct DecodeKernelParams {
   int32_t num_tokens = 0;  // T = B * q_len, or cum_seq_lens_q[B]
   int32_t q_len = 0;       // dense query length; 0 when ragged
   int32_t num_heads = 0;   // H
-  int32_t num_splits = 0;  // splits per query token (an upper bound; a split may be empty)
+  int32_t num_splits = 0;  // splits per query token, <= kMaxSplits (a split may be empty)
   int32_t page_size = 0;   // a power of two
   int32_t page_shift = 0;  // log2(page_size)
   int32_t num_pages = 0;   // P

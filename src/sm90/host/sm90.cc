@@ -43,9 +43,9 @@ namespace v1 = ::mla::sm90::v1;
 namespace v2 = ::mla::sm90::v2;
 
 constexpr int64_t kAlign = 256;
-constexpr int64_t kMinKeysPerSplit = 256;  // a split handles at least this many keys
-constexpr int64_t kMaxSplits = 64;
-constexpr int64_t kV1MinKeysPerSplit = 128;
+constexpr int64_t kMinKeysPerSplit = 256;  // v0: a split handles at least this many keys
+constexpr int64_t kV0MaxSplits = 64;
+constexpr int64_t kMaxSplits = ::mla::sm90::kMaxSplits;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -107,6 +107,22 @@ std::string forced_kernel() {
 }
 bool v0_forced() { return forced_kernel() == "v0"; }
 
+// Timing studies only (docs/perf-notes.md), read once; never set them where results matter.
+// MLA_SM90_MAX_SPLITS=N caps the split count (it enters workspace_size too, so set it before the
+// first call); MLA_SM90_SKIP_COMBINE=1 launches the split-KV kernel alone (out and lse unwritten).
+int64_t env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : 0;
+}
+int64_t max_splits_override() {
+  static const int64_t cap = env_int("MLA_SM90_MAX_SPLITS");
+  return cap;
+}
+bool skip_combine() {
+  static const bool skip = env_int("MLA_SM90_SKIP_COMBINE") != 0;
+  return skip;
+}
+
 // v1 query-row tiles of one request: ceil(max_q_len * H / 64).
 int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, v1::kTileRows); }
 
@@ -130,23 +146,30 @@ bool v1_shape_ok(const Problem& p) {
   return true;
 }
 
-// Upper bound of the splits per query token, from shapes only.
-// v0: enough CTAs for two waves, at least kMinKeysPerSplit keys per split.
-// v1 (one CTA per SM): as many splits as fit one wave of (tile, request) CTAs, at least
-// kV1MinKeysPerSplit keys per split.
+// Upper bound of the splits per query token, from shapes and the SM count only.
+// v0: enough CTAs for two waves, at least kMinKeysPerSplit keys per split, at most kV0MaxSplits.
+// v1 (one CTA per SM): as many splits as fit one wave of (tile, request) CTAs, at least one 64-key
+// block per split. Either way the count is then lowered to the fewest splits that keep the same
+// blocks per split for the longest request, so that no split of it is left empty (an empty split
+// still costs the combine a partial).
 int64_t split_count(const Problem& p) {
   if (p.num_tokens == 0) return 1;
   const int64_t sms = sm_count(p.device.device_id);
+  int64_t splits = 1, max_blocks = 1;
   if (v1_shape_ok(p)) {
     const int64_t ctas = p.batch * v1_tiles(p);
-    const int64_t cap = std::max<int64_t>(1, ceil_div(p.max_seq_len, kV1MinKeysPerSplit));
-    return std::clamp<int64_t>(sms / ctas, 1, std::min(cap, kMaxSplits));
+    max_blocks = std::max<int64_t>(1, ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
+    splits = std::clamp<int64_t>(sms / ctas, 1, std::min(max_blocks, kMaxSplits));
+  } else {
+    const int64_t head_groups = ceil_div(p.num_heads, v0::kHeadsPerCta);
+    const int64_t want = ceil_div(2 * sms, p.num_tokens * head_groups);
+    const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
+    const int64_t cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
+    splits = std::clamp<int64_t>(want, 1, std::min(cap, kV0MaxSplits));
+    max_blocks = std::max<int64_t>(1, ceil_div(key_bound, ::mla::sm90::kBlockKeys));
   }
-  const int64_t head_groups = ceil_div(p.num_heads, v0::kHeadsPerCta);
-  const int64_t want = ceil_div(2 * sms, p.num_tokens * head_groups);
-  const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
-  const int64_t cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
-  return std::clamp<int64_t>(want, 1, std::min(cap, kMaxSplits));
+  if (max_splits_override() > 0) splits = std::min(splits, max_splits_override());
+  return ceil_div(max_blocks, ceil_div(max_blocks, splits));
 }
 
 struct Layout {
@@ -476,9 +499,11 @@ void run(const Problem& p, const DecodeParams& prm) {
   MLA_CUDA_CHECK(
       launch_split_kv(p, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
       "launching the split-KV decode kernel");
+  if (skip_combine()) return;  // timing studies only
+  const int sms = sm_count(p.device.device_id);
   const cudaError_t err = p.out_dtype == dtype::kBFloat16
-                              ? v0::launch_combine<Elem::kBf16>(k, stream, prm.enable_pdl)
-                              : v0::launch_combine<Elem::kFp16>(k, stream, prm.enable_pdl);
+                              ? v0::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)
+                              : v0::launch_combine<Elem::kFp16>(k, sms, stream, prm.enable_pdl);
   MLA_CUDA_CHECK(err, "launching the combine kernel");
 }
 

@@ -1,52 +1,131 @@
 // v0 combine kernel: merges the split partials of each (token, head) row into out and lse.
 //
-// Grid mapping: blockIdx.x = query token t, blockIdx.y = head h; 128 threads, 4 output columns
-// each. With M = max over splits of the split max m_s (splits without keys excluded):
+// Grid mapping: blockIdx.x = query token t, blockIdx.y = head h, blockIdx.z = column chunk (512 /
+// gridDim.z columns). The CTA's threads form split groups of (128 / gridDim.z) threads, 4 columns
+// (one 16-byte vector) each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA).
+// With M = max over splits of the split max m_s (splits without keys excluded):
 //   Z   = sum_s sum_s' * exp(m_s - M),  acc = sum_s acc_s * exp(m_s - M)
 //   out = bmm2_scale * acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
+//
+// Order of the sums (fixed by the shapes, so results are bitwise identical run to run): Z over
+// warp 0's lanes (split s on lane s % 32, then a butterfly); acc per group in split order, then
+// the groups in order 0 .. G-1.
 #pragma once
+
+#include <algorithm>
 
 #include "sm90/common.cuh"
 #include "sm90/decode/v0/launch.h"
 
 namespace mla::sm90::v0 {
 
-inline constexpr int kCombineThreads = 128;
+inline constexpr int kCombineMaxThreads = 512;
+inline constexpr int kCombineBatch = 8;  // acc vectors in flight per thread
+inline constexpr int kCombineL = 512;
 
 template <Elem Out>
-__global__ void __launch_bounds__(kCombineThreads)
+__global__ void __launch_bounds__(kCombineMaxThreads)
     combine_kernel(const __grid_constant__ DecodeKernelParams p) {
   using OT = ElemTraits<Out>;
-  constexpr int kL = 512;
+  constexpr int kL = kCombineL;
+  constexpr int kSplitsPerLane = kMaxSplits / 32;
+  static_assert(kMaxSplits % 32 == 0, "warp 0 holds kMaxSplits / 32 splits per lane");
+
+  __shared__ float weight[kMaxSplits];         // exp(m_s - M), 0 for an empty split
+  __shared__ float4 part[kCombineMaxThreads];  // each thread's group sum, for the final merge
+  __shared__ float row_max, row_z;
+
+  // ---- prologue: indices only (runs before the split-KV grid has finished) ----
   const int t = blockIdx.x, h = blockIdx.y;
-  const int c = 4 * threadIdx.x;
+  const int group_threads = (kL / 4) / gridDim.z;
+  const int groups = blockDim.x / group_threads;
+  const int g = threadIdx.x / group_threads;
+  const int lane_in_group = threadIdx.x - g * group_threads;
+  const int c = blockIdx.z * (kL / gridDim.z) + 4 * lane_in_group;
+  const int num_splits = p.num_splits;
+  const int64_t stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;  // between splits
+  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
+  const float* acc_base = p.partial_acc + row * kL + c;
 
   pdl_wait();  // the partials come from the split-KV grid
   pdl_launch_dependents();
 
-  const int64_t stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;  // between splits
-  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-  float m = kNegInf;
-  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.partial_max[s * stride + row]);
+  // ---- the group's first batch of acc vectors: in flight while warp 0 finds the weights ----
+  float4 a[kCombineBatch];
+  auto load_batch = [&](int k0) {
+#pragma unroll
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const int s = g + (k0 + k) * groups;
+      if (s < num_splits) {
+        a[k] = __ldcs(reinterpret_cast<const float4*>(acc_base + s * stride * kL));
+      }
+    }
+  };
+  load_batch(0);
 
-  float z = 0.0f;
+  // ---- warp 0: all split maxima at once, M, the weights and Z ----
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m_s[kSplitsPerLane], sum_s[kSplitsPerLane];
+    float m = kNegInf;
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) {
+      const int s = lane + 32 * j;
+      m_s[j] = s < num_splits ? __ldcs(&p.partial_max[s * stride + row]) : kNegInf;
+      sum_s[j] = s < num_splits ? __ldcs(&p.partial_sum[s * stride + row]) : 0.0f;
+      m = fmaxf(m, m_s[j]);
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    float z = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kSplitsPerLane; ++j) {
+      const float w = m_s[j] == kNegInf ? 0.0f : expf(m_s[j] - m);
+      z = fmaf(sum_s[j], w, z);
+      if (lane + 32 * j < num_splits) weight[lane + 32 * j] = w;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) z += __shfl_xor_sync(0xffffffffu, z, d);
+    if (lane == 0) {
+      row_max = m;
+      row_z = z;
+    }
+  }
+  __syncthreads();
+
+  // ---- the group's splits, kCombineBatch vectors in flight at a time ----
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (m != kNegInf) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float m_s = p.partial_max[s * stride + row];
-      if (m_s == kNegInf) continue;  // an empty split: its acc holds nothing
-      const float w = expf(m_s - m);
-      z = fmaf(p.partial_sum[s * stride + row], w, z);
-      const float4 a =
-          *reinterpret_cast<const float4*>(&p.partial_acc[(s * stride + row) * kL + c]);
-      acc.x = fmaf(a.x, w, acc.x);
-      acc.y = fmaf(a.y, w, acc.y);
-      acc.z = fmaf(a.z, w, acc.z);
-      acc.w = fmaf(a.w, w, acc.w);
+  for (int k0 = 0; g + k0 * groups < num_splits; k0 += kCombineBatch) {
+    if (k0 > 0) load_batch(k0);
+#pragma unroll
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const int s = g + (k0 + k) * groups;
+      if (s < num_splits) {
+        const float w = weight[s];
+        if (w != 0.0f) {  // an empty split's acc holds nothing (possibly garbage): never read it
+          acc.x = fmaf(a[k].x, w, acc.x);
+          acc.y = fmaf(a[k].y, w, acc.y);
+          acc.z = fmaf(a[k].z, w, acc.z);
+          acc.w = fmaf(a[k].w, w, acc.w);
+        }
+      }
+    }
+  }
+  if (groups > 1) {
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    if (g != 0) return;
+    for (int k = 1; k < groups; ++k) {
+      const float4 b = part[k * group_threads + lane_in_group];
+      acc.x += b.x;
+      acc.y += b.y;
+      acc.z += b.z;
+      acc.w += b.w;
     }
   }
 
+  // ---- out and lse: group 0 ----
   // Where the row lives in out and lse: resolve (request, token within it) for the strides.
   int b, i;
   if (p.cum_seq_lens_q != nullptr) {
@@ -56,6 +135,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     b = t / p.q_len;
     i = t - b * p.q_len;
   }
+  const float m = row_max, z = row_z;
   const bool empty = z == 0.0f;
   float scale = 0.0f;
   if (!empty) {
@@ -72,15 +152,24 @@ __global__ void __launch_bounds__(kCombineThreads)
   OT::store(out, o + 1, acc.y * scale);
   OT::store(out, o + 2, acc.z * scale);
   OT::store(out, o + 3, acc.w * scale);
-  if (p.lse != nullptr && threadIdx.x == 0) {
+  if (p.lse != nullptr && threadIdx.x == 0 && blockIdx.z == 0) {
     p.lse[b * p.lse_batch + i * p.lse_token + h * p.lse_head] = empty ? kNegInf : m + logf(z);
   }
 }
 
+// The CTA shape: enough column chunks that the grid covers about two CTAs per SM, then as many
+// split groups as the splits (up to kCombineMaxThreads threads, at least one warp).
 template <Elem Out>
-cudaError_t launch_combine(const DecodeKernelParams& params, cudaStream_t stream, bool pdl) {
-  const dim3 grid(params.num_tokens, params.num_heads);
-  return launch(&combine_kernel<Out>, grid, dim3(kCombineThreads), 0, stream, pdl, params);
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
+                           bool pdl) {
+  const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  int chunks = 1;
+  while (chunks < 8 && rows * chunks < 2 * static_cast<int64_t>(sm_count)) chunks *= 2;
+  const int group_threads = (kCombineL / 4) / chunks;
+  const int groups = std::max(std::min(params.num_splits, kCombineMaxThreads / group_threads),
+                              std::max(1, 32 / group_threads));
+  const dim3 grid(params.num_tokens, params.num_heads, chunks);
+  return launch(&combine_kernel<Out>, grid, dim3(group_threads * groups), 0, stream, pdl, params);
 }
 
 }  // namespace mla::sm90::v0

@@ -15,9 +15,11 @@ inline constexpr int kHeadsPerCta = 16;
 template <Elem Q, Elem KV>
 cudaError_t launch_split_kv(const DecodeKernelParams& params, cudaStream_t stream, bool pdl);
 
-// Merges the partials of each row into out (and lse), applying sinks and bmm2_scale.
+// Merges the partials of each row into out (and lse), applying sinks and bmm2_scale; the CTA shape
+// follows the rows, the splits and `sm_count`.
 template <Elem Out>
-cudaError_t launch_combine(const DecodeKernelParams& params, cudaStream_t stream, bool pdl);
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
+                           bool pdl);
 
 // Checked mode: writes the smallest bad-entry key (IndexCheck) into params.record.
 cudaError_t launch_index_check(const IndexCheckParams& params, cudaStream_t stream, bool pdl);
