@@ -82,7 +82,9 @@ class DeviceCall {
     params.workspace = TensorView{};
     workspace_bytes = mla::workspace_size(params);
     cuda_check(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes, 1)), "cudaMalloc");
-    cuda_check(cudaMemset(workspace_, 0xab, std::max<size_t>(workspace_bytes, 1)), "memset");
+    // NaN in every byte: a partial the combine reads without a split having written it (an
+    // empty split's acc) turns the output into NaN.
+    cuda_check(cudaMemset(workspace_, 0xff, std::max<size_t>(workspace_bytes, 1)), "memset");
     params.workspace = TensorView::contiguous(
         workspace_, dt::kUInt8, {static_cast<int64_t>(workspace_bytes)}, mla::cuda_device(0));
     upload(b);
@@ -603,7 +605,66 @@ std::vector<Case> v1_cases() {
   return cases;
 }
 
+// The combine at its limits: one request with the most splits the policy gives (64 splits of two
+// tiles at H = 128, 128 one-block splits at H = 16), long and short requests in one batch (the
+// short ones' splits mostly empty), ragged queries over long sequences, and v0 (fp8) with many
+// splits.
+std::vector<Case> split_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 3000 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  Case c;
+  c.B = 1;
+  c.H = 128;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {8192};
+  add(c);
+  c.H = 16;
+  c.sinks = true;
+  add(c);
+  c.H = 128;
+  c.sinks = false;
+  c.seq_lens = {8191};
+  c.out_dtype = kFp16;
+  c.q_dtype = c.kv_dtype = kFp16;
+  add(c);
+  c = Case();  // varlen: one long request, the others far shorter (empty splits)
+  c.B = 4;
+  c.H = 64;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {7000, 65, 0, 1};
+  add(c);
+  c = Case();  // ragged queries over long sequences, with and without the max_q_len hint
+  c.B = 3;
+  c.H = 16;
+  c.ragged_q_lens = {1, 3, 2};
+  c.seq_lens = {6000, 4100, 2};
+  c.page_size = 32;
+  c.max_q_len_hint = true;
+  add(c);
+  c.H = 128;
+  c.ragged_q_lens = {2, 0, 1};
+  c.seq_lens = {5000, 0, 3000};
+  c.max_q_len_hint = false;
+  add(c);
+  c = Case();  // v0 (fp8 cache): its own policy, many splits
+  c.B = 1;
+  c.H = 16;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {9000};
+  c.q_dtype = c.kv_dtype = kFp8;
+  add(c);
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
