@@ -40,6 +40,7 @@ struct Config {
   std::string suite;      // "goals": the Hopper goal table; empty: one configuration
   std::string json_out;   // --json-out FILE: one JSON object per configuration
   bool ceilings = false;  // measure device copy bandwidth and bf16 matmul rate first
+  bool pdl = false;       // enable_pdl: programmatic dependent launch between the kernels
 };
 
 void usage() {
@@ -60,6 +61,7 @@ void usage() {
       "                   and this standard deviation, at least q_len (default 0: fixed)\n"
       "  --suite goals    run the Hopper goal table (10 configurations) and print a summary\n"
       "  --ceilings       measure the device copy bandwidth and bf16 matmul rate first (GPU)\n"
+      "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).");
@@ -115,6 +117,8 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.json_out = value();
     else if (a == "--ceilings")
       c.ceilings = true;
+    else if (a == "--pdl")
+      c.pdl = true;
     else if (a == "--help" || a == "-h") {
       usage();
       std::exit(0);
@@ -362,6 +366,7 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   move(p.out, nullptr, s.out.size());
   move(p.lse, nullptr, s.lse.size() * 4);
   p.backend = mla::Backend::kSm90;
+  p.enable_pdl = c.pdl;
   p.workspace = mla::TensorView();
   const size_t ws_bytes = mla::workspace_size(p);
   p.workspace = mla::TensorView::contiguous(to_device(nullptr, ws_bytes, owned), mla::dtype::kUInt8,
