@@ -245,20 +245,34 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     }
 
     if (mine) {
-      // ---- scale and mask; row max over the block ----
+      // ---- mask; row max over the block (scaled, base 2) ----
+      // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
+      // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+      const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
+                            key0 + kKeys <= min(rule[0].limit, rule[1].limit);
+      const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
       float block_max[2] = {kNegInf, kNegInf};
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) {
-        const int slot = (v >> 1) & 1;
-        const int j = key0 + get<1>(tScS(v));
-        const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
-        tSrS(v) = s;
-        block_max[slot] = fmaxf(block_max[slot], s);
+      if (unmasked) {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+        }
+      } else {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          const int j = key0 + get<1>(tScS(v));
+          const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+          tSrS(v) = s;
+          block_max[slot] = fmaxf(block_max[slot], s);
+        }
       }
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
         block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+        block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
       }
 
       // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
@@ -278,7 +292,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         }
       }
 
-      // ---- online_softmax: new max, factor, P = exp2(S - max) ----
+      // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
       float m_new[2], a_new[2];
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
@@ -291,7 +305,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {
         const int slot = (v >> 1) & 1;
-        const float e = exp2f(tSrS(v) - block_max[slot]);
+        const float e = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
         tSrS(v) = e;
         row_sum[slot] += e;
       }
