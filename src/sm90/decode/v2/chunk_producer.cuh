@@ -21,9 +21,6 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   const int page_shift = p.page_shift;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
   const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
-  // NOTE: every cache line is read once per CTA (the tile of the request's other heads reads it
-  // at about the same time); evict-first keeps the L2 for the lines still to be read.
-  const uint64_t policy = v1::l2_policy_evict_first();
 
   // Page ids of a block's pieces; entries past the last needed page are never read.
   auto load_pages = [&](int block, int(&pages)[4], int& pieces) {
@@ -57,8 +54,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
           const int row_in_page = (key0 + q * page_rows) & (p.page_size - 1);
           typename Traits::T* dst =
               smem.k[stage] + (c * kKeys + q * page_rows) * Traits::kChunkCols;
-          v1::tma_load_3d_hint(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur[q],
-                               policy);
+          v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur[q]);
         }
       }
     };
