@@ -11,10 +11,9 @@
 //
 // Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md): the TMA + wgmma kernels (64 query rows per
 // CTA) take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
-// query and kv_cache strides and addresses: v2 (seesaw) where H * max_q_len >= 128, v1 below;
-// everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
-// MLA_SM90_KERNEL=v0, v1 or v2 forces one kernel for comparisons. All write the same partials,
-// merged by v0's combine kernel.
+// query and kv_cache strides and addresses, on v2 (seesaw) by default; everything else (sparse
+// mode, fp8 kv_cache, page_size < 16, other strides) runs on v0. MLA_SM90_KERNEL=v0, v1 or v2
+// forces one kernel for comparisons. All write the same partials, merged by v0's combine kernel.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -392,11 +391,8 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       const int tiles = static_cast<int>(v1_tiles(p));
-      // NOTE: v2 is faster where each request has at least two full tiles; at H * q_len <= 64
-      // it measured ~1% slower than v1 (docs/perf-notes.md).
-      const bool v2 = forced_kernel() == "v2" ||
-                      (forced_kernel() != "v1" && p.num_heads * p.max_q_len >= 2 * v1::kTileRows);
-      if (v2) {
+      // NOTE: v2 measured faster than v1 on every row of the goal table (docs/perf-notes.md).
+      if (forced_kernel() != "v1") {
         return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
                                 : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
       }
