@@ -9,11 +9,11 @@
 //   partial_acc [S, T, H, L] fp32  unnormalized sum of exp(s - max) * v
 // with S = num_splits (split_count below), T query tokens, H heads, L = 512.
 //
-// Kernel routing (docs/sm90-v1.md): v1 (TMA + wgmma, 64 query rows per CTA) takes dense-mode
-// bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned query and kv_cache
-// strides and addresses (MLA_SM90_KERNEL=v2 runs the seesaw kernel of docs/sm90-v2.md there
-// instead); everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on
-// v0. All write the same partials, merged by v0's combine kernel.
+// Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md): the TMA + wgmma kernels (64 query rows per
+// CTA) take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
+// query and kv_cache strides and addresses, on v2 (seesaw) by default; everything else (sparse
+// mode, fp8 kv_cache, page_size < 16, other strides) runs on v0. MLA_SM90_KERNEL=v0, v1 or v2
+// forces one kernel for comparisons. All write the same partials, merged by v0's combine kernel.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -96,8 +96,8 @@ int sm_count(int device) {
   return count;
 }
 
-// MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0, v2
-// runs the seesaw kernel where v1 would run (v2 is measured slower; docs/sm90-v2.md).
+// MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0; v1
+// or v2 runs that kernel on every call the TMA kernels take.
 std::string forced_kernel() {
   static const std::string forced = [] {
     const char* v = std::getenv("MLA_SM90_KERNEL");
@@ -414,7 +414,8 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       const int tiles = static_cast<int>(v1_tiles(p));
-      if (forced_kernel() == "v2") {
+      // NOTE: v2 measured faster than v1 on every row of the goal table (docs/perf-notes.md).
+      if (forced_kernel() != "v1") {
         return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
                                 : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
       }

@@ -102,6 +102,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// ---- math ----
+
+// 2^x on the special function unit, subnormal results flushed to 0 (one MUFU.EX2, where exp2f
+// adds the subnormal range fix-up around it).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- register reallocation (one branch per warpgroup role) ----
 
 template <uint32_t kRegs>

@@ -26,6 +26,7 @@
 #include "sm90/common.cuh"
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
+#include "sm90/decode/v2/chunk_producer.cuh"
 #include "sm90/decode/v2/traits.h"
 
 namespace mla::sm90::v2 {
@@ -72,8 +73,9 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
-      v1::mbar_init(&smem.full[s], 1);
-      v1::mbar_init(&smem.empty[s], Traits::kConsumerThreads / 32);
+      for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], 1);
+      v1::mbar_init(&smem.empty_l[s], 128 / 32);
+      v1::mbar_init(&smem.empty_r[s], 128 / 32);
     }
     v1::fence_mbar_init();
   }
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     v1::regs_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x == 0) {
       v1::prefetch_tensor_map(&kv_map);
-      v1::produce_blocks<Traits>(p, w, &kv_map, smem);
+      produce_chunks<Traits>(p, w, &kv_map, smem);
     }
     return;
   }
@@ -186,10 +188,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     CUTE_UNROLL
     for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
   };
-  // One arrive per consumer warp: this warpgroup's reads of the stage are done.
+  // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
+  // consumer 0; V_R and P for consumer 1) are done.
   auto release = [&](int stage) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(&smem.empty[stage]);
+    if (lane == 0) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
   };
 
   const int num_blocks = w.block_end - w.block_begin;
@@ -204,15 +207,19 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
     if (mine) {
       // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over the
-      // whole block ----
-      mbar_wait(&smem.full[cw], phase);
+      // whole block, each 64-column chunk issued as it lands ----
       Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
       Tensor tSrK = thr_qk.partition_fragment_B(sK);
+      constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
+      static_assert(decltype(size<2>(tSrQ))::value == Traits::kChunks * kStepsPerChunk, "k steps");
       warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
       mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tSrQ); ++k) {
+        if (k % kStepsPerChunk == 0) {
+          mbar_wait(&smem.full[cw][k / kStepsPerChunk], phase);
+          warpgroup_arrive();
+        }
         cute::gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
         mma_qk.accumulate_ = GMMA::ScaleOut::One;
       }
@@ -238,20 +245,34 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     }
 
     if (mine) {
-      // ---- scale and mask; row max over the block ----
+      // ---- mask; row max over the block (scaled, base 2) ----
+      // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
+      // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+      const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
+                            key0 + kKeys <= min(rule[0].limit, rule[1].limit);
+      const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
       float block_max[2] = {kNegInf, kNegInf};
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) {
-        const int slot = (v >> 1) & 1;
-        const int j = key0 + get<1>(tScS(v));
-        const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
-        tSrS(v) = s;
-        block_max[slot] = fmaxf(block_max[slot], s);
+      if (unmasked) {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+        }
+      } else {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          const int j = key0 + get<1>(tScS(v));
+          const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+          tSrS(v) = s;
+          block_max[slot] = fmaxf(block_max[slot], s);
+        }
       }
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
         block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+        block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
       }
 
       // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
@@ -271,7 +292,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         }
       }
 
-      // ---- online_softmax: new max, factor, P = exp2(S - max) ----
+      // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
       float m_new[2], a_new[2];
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
@@ -284,7 +305,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {
         const int slot = (v >> 1) & 1;
-        const float e = exp2f(tSrS(v) - block_max[slot]);
+        const float e = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
         tSrS(v) = e;
         row_sum[slot] += e;
       }
@@ -339,6 +360,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         warpgroup_fence_operand(tOrO);
         rescale_o(a_new);
         pv_gemm(0);
+        // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
+        // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        release(0);
       } else {
         // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
         warpgroup_wait<0>();
@@ -365,7 +391,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      release(0);
       rescale_o(a1);
       pv_gemm(1);
     }
@@ -373,7 +398,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
     if (cw == 0) {
-      release(has_odd ? 1 : 0);
+      if (has_odd) release(1);
     } else {
       release(mine ? 1 : 0);
     }

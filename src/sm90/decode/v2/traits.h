@@ -65,6 +65,9 @@ struct SeesawTraits {
   static constexpr int kChunks = kD / kChunkCols;
   // Element offset of a stage's rope chunk (columns 512..575): the block's P once its S is done.
   static constexpr int kRopeChunkOffset = (kL / kChunkCols) * kKeys * kChunkCols;
+  // Chunks 0..3 hold V_L (consumer 0 releases them), 4..7 V_R (consumer 1); the rope chunk holds
+  // P, which both read: it is refilled once both have released the stage.
+  static constexpr int kLeftChunks = kColsPerWg / kChunkCols;
   static_assert(kChunks == kL / kChunkCols + 1, "one rope chunk of 64 columns");
   static_assert(kRows == kKeys, "P (rows x keys) fills the rope chunk (keys x 64 columns)");
   static constexpr int kProducerRegs = 40;
@@ -95,8 +98,9 @@ struct SeesawTraits {
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
     float row_sum[kRows];      // second consumer's row sums at the end
-    uint64_t full[kStages];    // K block landed (transaction bytes)
-    uint64_t empty[kStages];   // K block consumed (one arrive per consumer warp)
+    uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
+    uint64_t empty_l[kStages];        // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
+    uint64_t empty_r[kStages];  // chunks 4..8 (V_R, rope / P) consumed: one per consumer-1 warp
   };
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;

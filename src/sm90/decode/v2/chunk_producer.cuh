@@ -1,0 +1,70 @@
+// The v2 producer: v1's K-block ring, loaded and released in 64-column chunks.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/decode/v1/kv_pipeline.cuh"
+#include "sm90/decode/v1/ptx.cuh"
+
+namespace mla::sm90::v2 {
+
+// Loads the split's 64-key blocks into the ring, block it into stage it % kStages. Each chunk
+// (64 keys x 64 columns, one TMA box per page) completes its own full barrier, so the S GEMM can
+// start on the first chunk. The V_L chunks are refilled as soon as consumer 0 releases them
+// (empty_l), the V_R chunks and the rope chunk once consumer 1 has too (empty_r).
+template <typename Traits>
+__device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
+                                               const CUtensorMap* kv_map,
+                                               typename Traits::SharedMemoryPlan& smem) {
+  constexpr int kKeys = Traits::kKeys;
+  const int page_rows = min(kKeys, p.page_size);  // rows per box
+  const int page_shift = p.page_shift;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
+  const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
+
+  // Page ids of a block's pieces; entries past the last needed page are never read.
+  auto load_pages = [&](int block, int(&pages)[4], int& pieces) {
+    const int key0 = block * kKeys;
+    const int valid = min(kKeys, w.extent - key0);
+    pieces = (valid + page_rows - 1) / page_rows;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      pages[q] = q < pieces ? table[(key0 + q * page_rows) >> page_shift] : 0;
+    }
+  };
+
+  int pages[4], pieces = 0;
+  load_pages(w.block_begin, pages, pieces);
+  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+    const int stage = it % Traits::kStages;
+    const uint32_t phase = (it / Traits::kStages) & 1;
+    int cur[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) cur[q] = pages[q];
+    const int cur_pieces = pieces;
+    if (block + 1 < w.block_end) load_pages(block + 1, pages, pieces);  // ahead of the waits
+
+    const int key0 = block * kKeys;
+    auto load_chunk = [&](int c) {
+      uint64_t* bar = &smem.full[stage][c];
+      v1::mbar_arrive_expect_tx(bar, cur_pieces * box_bytes);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (q < cur_pieces) {
+          const int row_in_page = (key0 + q * page_rows) & (p.page_size - 1);
+          typename Traits::T* dst =
+              smem.k[stage] + (c * kKeys + q * page_rows) * Traits::kChunkCols;
+          v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur[q]);
+        }
+      }
+    };
+    v1::mbar_wait(&smem.empty_l[stage], phase ^ 1);
+#pragma unroll
+    for (int c = 0; c < Traits::kLeftChunks; ++c) load_chunk(c);
+    v1::mbar_wait(&smem.empty_r[stage], phase ^ 1);
+#pragma unroll
+    for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) load_chunk(c);
+  }
+}
+
+}  // namespace mla::sm90::v2
