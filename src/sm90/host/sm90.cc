@@ -107,9 +107,8 @@ std::string forced_kernel() {
 }
 bool v0_forced() { return forced_kernel() == "v0"; }
 
-// Timing studies only (docs/perf-notes.md), read once; never set them where results matter.
-// MLA_SM90_MAX_SPLITS=N caps the split count (it enters workspace_size too, so set it before the
-// first call); MLA_SM90_SKIP_COMBINE=1 launches the split-KV kernel alone (out and lse unwritten).
+// Timing studies only (docs/perf-notes.md), read once: MLA_SM90_MAX_SPLITS=N caps the split count
+// (it enters workspace_size too, so set it before the first call). Results stay correct.
 int64_t env_int(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoll(v) : 0;
@@ -117,10 +116,6 @@ int64_t env_int(const char* name) {
 int64_t max_splits_override() {
   static const int64_t cap = env_int("MLA_SM90_MAX_SPLITS");
   return cap;
-}
-bool skip_combine() {
-  static const bool skip = env_int("MLA_SM90_SKIP_COMBINE") != 0;
-  return skip;
 }
 
 // v1 query-row tiles of one request: ceil(max_q_len * H / 64).
@@ -500,7 +495,6 @@ void run(const Problem& p, const DecodeParams& prm) {
   MLA_CUDA_CHECK(
       launch_split_kv(p, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
       "launching the split-KV decode kernel");
-  if (skip_combine()) return;  // timing studies only
   const int sms = sm_count(p.device.device_id);
   const cudaError_t err = p.out_dtype == dtype::kBFloat16
                               ? v0::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)
