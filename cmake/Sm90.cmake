@@ -22,6 +22,11 @@ if(MLA_ENABLE_CUDA)
     # v2: the seesaw schedule of the v1 pipeline (same tensor map and partials).
     src/sm90/decode/v2/seesaw_bf16.cu
     src/sm90/decode/v2/seesaw_fp16.cu
+    # rows: the transposed kernel for at most 32 query rows per request (one file per dtype and N).
+    src/sm90/decode/rows/few_rows_bf16_r16.cu
+    src/sm90/decode/rows/few_rows_bf16_r32.cu
+    src/sm90/decode/rows/few_rows_fp16_r16.cu
+    src/sm90/decode/rows/few_rows_fp16_r32.cu
   )
   target_link_libraries(mla_decode PRIVATE mla_cutlass)
   set_target_properties(mla_decode PROPERTIES CUDA_RUNTIME_LIBRARY Static)

@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/decode_case.h"
@@ -663,6 +664,92 @@ std::vector<Case> split_cases() {
   return cases;
 }
 
+// The few-rows kernel (H x max_q_len <= 32 rows per request, N = 16 or 32): every head count it
+// takes with one and two query tokens, page sizes, seq_lens 0, 1 and long (many splits, odd block
+// counts), masks, ragged queries, sinks, lse off, scale tensors, skip-softmax and padded strides.
+std::vector<Case> few_rows_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 3100 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  const int page_sizes[] = {16, 64, 256, 32};
+  int n = 0;
+  for (int H : {1, 3, 8, 16, 32}) {
+    for (int q_len : {1, 2}) {
+      if (H * q_len > 32) continue;
+      Case c;
+      c.B = 4;
+      c.H = H;
+      c.q_len = q_len;
+      c.page_size = page_sizes[n % 4];
+      c.seq_lens = {n % 2 ? 3000 : 700, 0, 1, 64 * (n % 3) + 65};
+      if (n % 3 == 1) c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+      if (n % 4 == 2) c.sinks = true;
+      if (n % 4 == 3) c.lse = false;
+      ++n;
+      add(c);
+    }
+  }
+  for (Mask m : {Mask::kU32, Mask::kU16}) {
+    Case c;
+    c.B = 3;
+    c.H = m == Mask::kU32 ? 16 : 8;
+    c.q_len = 2;
+    c.page_size = 64;
+    c.mask = m;
+    c.seq_lens = {900, 2, 70};
+    add(c);
+  }
+  {
+    Case c;  // ragged, rows per request up to 32 (H 8 x 4 tokens), with the max_q_len hint
+    c.B = 4;
+    c.H = 8;
+    c.ragged_q_lens = {1, 4, 0, 3};
+    c.seq_lens = {2000, 4, 50, 129};
+    c.page_size = 16;
+    c.max_q_len_hint = true;
+    c.sinks = true;
+    add(c);
+    c.mask = Mask::kU32;
+    c.H = 16;
+    c.ragged_q_lens = {2, 1, 2, 0};
+    c.seq_lens = {700, 1, 3, 0};
+    add(c);
+  }
+  {
+    Case c;  // one long request: the most splits; scale tensors; skip-softmax (dense result)
+    c.B = 1;
+    c.H = 32;
+    c.q_len = 1;
+    c.page_size = 64;
+    c.seq_lens = {16001};
+    c.scale_tensors = true;
+    c.skip = 1e-30f;
+    add(c);
+    c.H = 16;
+    c.bmm1 = 0.3;
+    c.bmm2 = 2.5;
+    c.scale_tensors = false;
+    c.seq_lens = {8192};
+    add(c);
+  }
+  for (bool kv4d : {false, true}) {
+    Case c;  // padded strides
+    c.B = 3;
+    c.H = 16;
+    c.q_len = kv4d ? 2 : 1;
+    c.page_size = kv4d ? 16 : 256;
+    c.seq_lens = {1300, 2, 129};
+    c.strided = true;
+    c.kv4d = kv4d;
+    c.sinks = kv4d;
+    add(c);
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
@@ -670,6 +757,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()),
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases()), param_name);
 
 // ---- Empty batches ----------------------------------------------------------------------------
 
@@ -758,12 +846,15 @@ TEST(Sm90DecodeIndices, CheckedModePassesGoodInput) {
 
 // ---- Graphs, PDL, determinism -----------------------------------------------------------------
 
-// plan + run captured once, replayed with new data and new seq_lens of the same shapes.
-TEST(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
+// plan + run captured once, replayed with new data and new seq_lens of the same shapes; H 64 runs
+// the 64-row kernel, H 8 the few-rows kernel.
+class Sm90DecodeGraph : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   SKIP_WITHOUT_HOPPER();
   Case c;
   c.B = 3;
-  c.H = 64;
+  c.H = GetParam();
   c.q_len = 2;
   c.page_size = 16;
   c.seq_lens = {1000, 37, 3};  // 63 + 3 + 1 pages, the longest 63
@@ -807,12 +898,17 @@ TEST(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   cudaStreamDestroy(stream);
 }
 
-TEST(Sm90DecodeDeterminism, TwoRunsAndPdlAreBitwiseIdentical) {
+INSTANTIATE_TEST_SUITE_P(Heads, Sm90DecodeGraph, ::testing::Values(64, 8));
+
+// H 128 x 3 tokens: the 64-row kernel; H 16 x 2 tokens: the few-rows kernel.
+class Sm90DecodeDeterminism : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(Sm90DecodeDeterminism, TwoRunsAndPdlAreBitwiseIdentical) {
   SKIP_WITHOUT_HOPPER();
   Case c;
   c.B = 3;
-  c.H = 128;
-  c.q_len = 3;
+  c.H = GetParam().first;
+  c.q_len = GetParam().second;
   c.seq_lens = {3000, 500, 7};
   c.page_size = 64;
   c.sinks = true;
@@ -832,6 +928,9 @@ TEST(Sm90DecodeDeterminism, TwoRunsAndPdlAreBitwiseIdentical) {
     EXPECT_TRUE(lse1 == b->lse.bytes()) << "lse differs (pdl " << pdl << ")";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, Sm90DecodeDeterminism,
+                         ::testing::Values(std::make_pair(128, 3), std::make_pair(16, 2)));
 
 // Skip-softmax with a large factor is an approximation: it must run and stay finite and close.
 TEST(Sm90DecodeSkipSoftmax, LargeFactorStaysFinite) {

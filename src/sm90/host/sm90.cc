@@ -9,11 +9,13 @@
 //   partial_acc [S, T, H, L] fp32  unnormalized sum of exp(s - max) * v
 // with S = num_splits (split_count below), T query tokens, H heads, L = 512.
 //
-// Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md): the TMA + wgmma kernels (64 query rows per
-// CTA) take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
-// query and kv_cache strides and addresses, on v2 (seesaw) by default; everything else (sparse
-// mode, fp8 kv_cache, page_size < 16, other strides) runs on v0. MLA_SM90_KERNEL=v0, v1 or v2
-// forces one kernel for comparisons. All write the same partials, merged by v0's combine kernel.
+// Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md, docs/sm90-small-rows.md): the TMA + wgmma
+// kernels take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
+// query and kv_cache strides and addresses: the few-rows kernel (keys as the GEMM M, 16 or 32
+// padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA) otherwise;
+// everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
+// MLA_SM90_KERNEL=v0, v1 or v2 forces that kernel (rows: the few-rows kernel where it applies)
+// for comparisons. All write the same partials, merged by v0's combine kernel.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -26,6 +28,7 @@
 
 #include "host/backends.h"
 #include "host/check.h"
+#include "sm90/decode/rows/launch.h"
 #include "sm90/decode/v0/launch.h"
 #include "sm90/decode/v1/launch.h"
 #include "sm90/decode/v2/launch.h"
@@ -41,6 +44,7 @@ using ::mla::sm90::IndexCheckParams;
 namespace v0 = ::mla::sm90::v0;
 namespace v1 = ::mla::sm90::v1;
 namespace v2 = ::mla::sm90::v2;
+namespace rows = ::mla::sm90::rows;
 
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMinKeysPerSplit = 256;  // v0: a split handles at least this many keys
@@ -97,7 +101,8 @@ int sm_count(int device) {
 }
 
 // MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0; v1
-// or v2 runs that kernel on every call the TMA kernels take.
+// or v2 runs that kernel on every call the TMA kernels take; rows (the default there) runs the
+// few-rows kernel where it applies.
 std::string forced_kernel() {
   static const std::string forced = [] {
     const char* v = std::getenv("MLA_SM90_KERNEL");
@@ -408,6 +413,18 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
   if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned && v1_shape_ok(p)) {
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
+      // NOTE: with at most 32 query rows per request, v2's 64-row tiles are mostly padding and
+      // the few-rows kernel does a quarter to a half of the tensor work (docs/perf-notes.md).
+      const int64_t rows_per_request = p.max_q_len * p.num_heads;
+      const std::string forced = forced_kernel();
+      if (rows_per_request <= rows::kMaxRows && forced != "v1" && forced != "v2") {
+        if (rows_per_request <= 16) {
+          return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
+                                  : rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
+        }
+        return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
+                                : rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
+      }
       const int tiles = static_cast<int>(v1_tiles(p));
       // NOTE: v2 measured faster than v1 on every row of the goal table (docs/perf-notes.md).
       if (forced_kernel() != "v1") {
