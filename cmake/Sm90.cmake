@@ -15,11 +15,9 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/v0/split_kv_bf16_fp8.cu
     src/sm90/decode/v0/combine_bf16.cu
     src/sm90/decode/v0/combine_fp16.cu
-    # v1: TMA + wgmma split-KV kernel for 16-bit query/kv_cache (one file per element type).
+    # v1/: what the TMA kernels share (tensor map, K pipeline, ptx helpers, tile rows).
     src/sm90/decode/v1/tensor_map.cc
-    src/sm90/decode/v1/split_kv_bf16.cu
-    src/sm90/decode/v1/split_kv_fp16.cu
-    # v2: the seesaw schedule of the v1 pipeline (same tensor map and partials).
+    # v2: TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per element type).
     src/sm90/decode/v2/seesaw_bf16.cu
     src/sm90/decode/v2/seesaw_fp16.cu
     # rows: the transposed kernel for at most 32 query rows per request (one file per dtype and N).

@@ -9,8 +9,8 @@ namespace mla_build_check {
 using namespace cute;
 
 // One 64x576 bf16 K tile in a 128-byte-swizzled shared-memory layout, as a decode kernel stages it.
-using KTileLayout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{},
-                                           Shape<Int<64>, Int<576>>{}));
+using KTileLayout =
+    decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<Int<64>, Int<576>>{}));
 static_assert(cosize_v<KTileLayout> == 64 * 576, "K tile layout must be dense");
 
 __global__ void k_tile_size(int* out) { out[threadIdx.x] = static_cast<int>(size(KTileLayout{})); }

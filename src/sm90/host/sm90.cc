@@ -14,8 +14,8 @@
 // query and kv_cache strides and addresses: the few-rows kernel (keys as the GEMM M, 16 or 32
 // padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA) otherwise;
 // everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
-// MLA_SM90_KERNEL=v0, v1 or v2 forces that kernel (rows: the few-rows kernel where it applies)
-// for comparisons. All write the same partials, merged by v0's combine kernel.
+// MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
+// comparisons. All write the same partials, merged by v0's combine kernel.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -100,8 +100,8 @@ int sm_count(int device) {
   return count;
 }
 
-// MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0; v1
-// or v2 runs that kernel on every call the TMA kernels take; rows (the default there) runs the
+// MLA_SM90_KERNEL in the environment (read once), for comparisons: v0 keeps every call on v0; v2
+// runs the seesaw kernel on every call the TMA kernels take; rows (the default there) runs the
 // few-rows kernel where it applies.
 std::string forced_kernel() {
   static const std::string forced = [] {
@@ -417,7 +417,7 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
       // the few-rows kernel does a quarter to a half of the tensor work (docs/perf-notes.md).
       const int64_t rows_per_request = p.max_q_len * p.num_heads;
       const std::string forced = forced_kernel();
-      if (rows_per_request <= rows::kMaxRows && forced != "v1" && forced != "v2") {
+      if (rows_per_request <= rows::kMaxRows && forced != "v2") {
         if (rows_per_request <= 16) {
           return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
                                   : rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
@@ -426,13 +426,10 @@ cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKerne
                                 : rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
       }
       const int tiles = static_cast<int>(v1_tiles(p));
-      // NOTE: v2 measured faster than v1 on every row of the goal table (docs/perf-notes.md).
-      if (forced_kernel() != "v1") {
-        return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
-                                : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
-      }
-      return q == Elem::kBf16 ? v1::launch_split_kv<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
-                              : v1::launch_split_kv<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
+      // NOTE: v2 measured faster than v1's lockstep kernel on every row of the goal table, which
+      // it replaced (docs/perf-notes.md).
+      return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
+                              : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
     }
   }
   if (q == Elem::kBf16 && kv == Elem::kBf16) {

@@ -12,7 +12,7 @@ namespace mla::sm90::rows {
 // this many rows per request run here, one tile per request.
 inline constexpr int kMaxRows = 32;
 
-// Computes the partials of every (split, token, head) exactly like v1::launch_split_kv (grid
+// Computes the partials of every (split, token, head) exactly like v2::launch_seesaw (grid
 // (1, B, num_splits), same workspace layout and kv_cache tensor map), for calls whose requests
 // have at most kRows = 16 or 32 query rows; one explicit instantiation per (element type, kRows).
 template <Elem E, int kRows>

@@ -8,7 +8,7 @@
 
 namespace mla::sm90::v2 {
 
-// Computes the partials of every (split, token, head) exactly like v1::launch_split_kv (same grid,
+// Computes the partials of every (split, token, head) as v1 did (same grid,
 // tiles of 64 query rows, workspace layout and kv_cache tensor map); one explicit instantiation
 // per supported element type (query and kv_cache alike).
 template <Elem E>

@@ -23,8 +23,6 @@
 
 #include <cute/tensor.hpp>
 
-#include <cstdlib>
-
 #include "sm90/common.cuh"
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
@@ -42,7 +40,7 @@ using v1::named_barrier_sync;
 
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <Elem E, bool kRegP, bool kSkipUnit>
+template <Elem E>
 __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -124,10 +122,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
-  typename Traits::TiledMmaPvReg mma_pv_reg;
   auto thr_qk = mma_qk.get_thread_slice(wtid);
   auto thr_pv = mma_pv.get_thread_slice(wtid);
-  auto thr_pv_reg = mma_pv_reg.get_thread_slice(wtid);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
@@ -138,15 +134,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   Tensor tOcO =
       thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
   static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128, "GMMA fragments");
-  // The own block's P as the A operand of the register-sourced P V: value (a0, a1, a2) of k step
-  // kb is S's value (a0, a1, 2 kb + a2) (the m64n64 accumulator and the m64k16 A fragment of a
-  // thread cover the same rows and columns).
-  Tensor tOrPr = thr_pv_reg.partition_fragment_A(
-      make_tensor(make_smem_ptr(smem.k[0] + Traits::kRopeChunkOffset),
-                  typename Traits::SmemLayoutP{}));  // ((2, 2, 2), 1, 4) values
-  static_assert(size<0>(decltype(tOrPr){}) == 8 && size<1>(decltype(tOrPr){}) == 1 &&
-                    size<2>(decltype(tOrPr){}) == 4,
-                "A fragment of the register-sourced P V");
   clear(tOrO);
 
   // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
@@ -197,28 +184,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
     warpgroup_commit_batch();
   };
-  // O half += P V half of the own block in `stage`, P from registers (tOrPr); issued, not waited
-  // for.
-  auto pv_gemm_reg = [&](int stage) {
-    Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
-    Tensor sV_half =
-        local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
-    Tensor tOrV = thr_pv_reg.partition_fragment_B(sV_half);
-    warpgroup_fence_operand(tOrPr);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrPr); ++k) {
-      cute::gemm(mma_pv_reg, tOrPr(_, _, k), tOrV(_, _, k), tOrO);
-    }
-    warpgroup_commit_batch();
-  };
   auto rescale_o = [&](const float(&factor)[2]) {
     // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
     // rows all kept their max skips the 128 multiplies.
-    if constexpr (kSkipUnit) {
-      if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
-    }
+    if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
     CUTE_UNROLL
     for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
   };
@@ -335,7 +304,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         a_new[s] = exp2f(m_in[s] - m_use);
         // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
         // of 1 leaves them so and lets its warp skip the rescale.
-        if (kSkipUnit && m_new[s] == kNegInf) a_new[s] = 1.0f;
+        if (m_new[s] == kNegInf) a_new[s] = 1.0f;
         block_max[s] = m_use;
         row_sum[s] *= a_new[s];
       }
@@ -357,11 +326,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           const uint32_t offset = v1::swizzled_offset(get<0>(tScS(v)), get<1>(tScS(v)), kRows);
           T pair[2] = {T(tSrS(v)), T(tSrS(v + 1))};
           *reinterpret_cast<uint32_t*>(p_bytes + offset) = *reinterpret_cast<const uint32_t*>(pair);
-          if constexpr (kRegP) {
-            const int a1 = (v >> 1) & 1, j = v >> 2;  // S value (0, a1, j) and (1, a1, j)
-            tOrPr(make_coord(0, a1, j & 1), 0, j >> 1) = pair[0];
-            tOrPr(make_coord(1, a1, j & 1), 0, j >> 1) = pair[1];
-          }
         }
         // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
         // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
@@ -385,13 +349,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           }
         }
         fence_proxy_async_smem();
-        // With P in shared memory, this warpgroup's own P V reads every thread's P; with P in
-        // registers, only the zeroed V rows of a partial block come from other threads. Sync the
-        // warpgroup for those, then hand over.
-        if (!kRegP || valid < kKeys) {
-          named_barrier_sync(
-              barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
-        }
+        // This warpgroup's own P V reads every thread's P (and the zeroed V rows of a partial
+        // block): sync the warpgroup, then hand over.
+        named_barrier_sync(
+            barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
         named_barrier_arrive(barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
                              Traits::kConsumerThreads);
       }
@@ -405,16 +366,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         rescale_o(a_new);
-        if constexpr (kRegP) {
-          pv_gemm_reg(0);
-        } else {
-          pv_gemm(0);
-        }
+        pv_gemm(0);
         // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
         // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrPr);
         release(0);
       } else {
         // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
@@ -422,11 +378,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         warpgroup_fence_operand(tOrO);
         release(0);
         rescale_o(a_new);
-        if constexpr (kRegP) {
-          pv_gemm_reg(1);
-        } else {
-          pv_gemm(1);
-        }
+        pv_gemm(1);
       }
     } else {
       // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
@@ -452,7 +404,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // Drain this round's last P V: the stage it read goes back to the producer.
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrPr);
     if (cw == 0) {
       if (has_odd) release(1);
     } else {
@@ -494,15 +445,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
                           int num_tiles, cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
-  // MLA_SM90_V2_VARIANT (read once), for comparisons (docs/perf-notes.md, Change 9): 0 as before
-  // Change 9, 1 (default) skips unit rescales of O, 2 also takes the own block's P from registers.
-  static const int variant = [] {
-    const char* v = std::getenv("MLA_SM90_V2_VARIANT");
-    return v != nullptr ? std::atoi(v) : 1;
-  }();
-  auto* kernel = variant == 0   ? &seesaw_kernel<E, false, false>
-                 : variant == 2 ? &seesaw_kernel<E, true, true>
-                                : &seesaw_kernel<E, false, true>;
+  auto* kernel = &seesaw_kernel<E>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, params.batch, params.num_splits);

@@ -25,9 +25,6 @@ struct GmmaOps<Elem::kBf16> {
   // O half += P V half: A = P (K-major), B = V, the same bytes as the K block read MN-major.
   using PvAtom =
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
-  // The same with A = the own block's P in registers (the S accumulator, converted).
-  using PvRegAtom =
-      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 template <>
 struct GmmaOps<Elem::kFp16> {
@@ -36,8 +33,6 @@ struct GmmaOps<Elem::kFp16> {
       cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using PvAtom =
       cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
-  using PvRegAtom =
-      cute::SM90::GMMA::MMA_64x256x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 
 // Named barriers (id 0 is __syncthreads). The two hand-offs are one-way: one warpgroup arrives,
@@ -94,7 +89,6 @@ struct SeesawTraits {
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
-  using TiledMmaPvReg = decltype(cute::make_tiled_mma(typename Ops::PvRegAtom{}));
 
   // NOTE: Q (72 KB) and two K stages (144 KB) leave 11 KB: no room for two 8 KB P tiles. Each P
   // lives in its block's rope chunk, which only the block's own S GEMM reads.
