@@ -1,5 +1,5 @@
-// Pieces shared by the TMA-fed decode kernels (v1, v2): the work of one CTA, the attended-set
-// rule of a query row, the K-block producer and the 128-byte swizzle of a 64-column chunk.
+// Pieces shared by the TMA-fed decode kernels (v2, rows): the work of one CTA, the attended-set
+// rule of a query row and the 128-byte swizzle of a 64-column chunk.
 #pragma once
 
 #include <cstdint>
@@ -58,58 +58,6 @@ struct RowRule {
     return (mask[bit >> 3] >> (bit & 7)) & 1;
   }
 };
-
-// ---- producer ----
-
-template <typename Traits>
-__device__ __forceinline__ void produce_blocks(const DecodeKernelParams& p, const TileWork& w,
-                                               const CUtensorMap* kv_map,
-                                               typename Traits::SharedMemoryPlan& smem) {
-  constexpr int kKeys = Traits::kKeys;
-  const int page_rows = min(kKeys, p.page_size);  // rows per box
-  const int page_shift = p.page_shift;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
-  const uint32_t piece_bytes = page_rows * Traits::kD * sizeof(typename Traits::T);
-
-  // Page ids of a block's pieces; entries past the last needed page are never read.
-  auto load_pages = [&](int block, int(&pages)[4], int& pieces) {
-    const int key0 = block * kKeys;
-    const int valid = min(kKeys, w.extent - key0);
-    pieces = (valid + page_rows - 1) / page_rows;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      pages[q] = q < pieces ? table[(key0 + q * page_rows) >> page_shift] : 0;
-    }
-  };
-
-  int pages[4], pieces = 0;
-  load_pages(w.block_begin, pages, pieces);
-  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
-    const int stage = it % Traits::kStages;
-    const uint32_t phase = (it / Traits::kStages) & 1;
-    int cur[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) cur[q] = pages[q];
-    const int cur_pieces = pieces;
-    if (block + 1 < w.block_end) load_pages(block + 1, pages, pieces);  // ahead of the wait
-
-    mbar_wait(&smem.empty[stage], phase ^ 1);
-    mbar_arrive_expect_tx(&smem.full[stage], cur_pieces * piece_bytes);
-    const int key0 = block * kKeys;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (q < cur_pieces) {
-        const int row_in_page = (key0 + q * page_rows) & (p.page_size - 1);
-        typename Traits::T* dst = smem.k[stage] + q * page_rows * Traits::kChunkCols;
-#pragma unroll
-        for (int c = 0; c < Traits::kChunks; ++c) {
-          tma_load_3d(dst + c * Traits::kKeys * Traits::kChunkCols, kv_map, &smem.full[stage],
-                      c * Traits::kChunkCols, row_in_page, cur[q]);
-        }
-      }
-    }
-  }
-}
 
 // Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_per_chunk) {
