@@ -97,6 +97,66 @@ inline std::string case_name(const Case& c) {
 
 inline std::ostream& operator<<(std::ostream& os, const Case& c) { return os << case_name(c); }
 
+// The space a suite draws random all-feature cases from (mixed_case below).
+struct MixedSpace {
+  std::vector<int> heads;
+  std::vector<int> page_sizes;
+  std::vector<DataType> q_dtypes;  // (q_dtypes[i], kv_dtypes[i]) are the dtype pairs
+  std::vector<DataType> kv_dtypes;
+  int max_seq_len;          // the longest of the three seq_len bands is 71..max_seq_len
+  double bmm1_lo, bmm1_hi;  // bmm1_scale when not the default
+};
+
+// One random combination of every feature at once (heads, pages, dtypes, ragged, sparse or mask,
+// sinks, scales, skip-softmax, strides, 4-D cache), fixed by `seed`, to catch interactions.
+inline Case mixed_case(uint64_t seed, const MixedSpace& space) {
+  Case c;
+  c.seed = seed;
+  mla_test::Rng rng(c.seed);
+  const auto pick = [&](const auto& v) {
+    return v[rng.randint(0, static_cast<int>(v.size()) - 1)];
+  };
+  c.B = rng.randint(1, 4);
+  c.H = pick(space.heads);
+  c.page_size = pick(space.page_sizes);
+  const int pair = rng.randint(0, static_cast<int>(space.q_dtypes.size()) - 1);
+  c.q_dtype = space.q_dtypes[pair];
+  c.kv_dtype = space.kv_dtypes[pair];
+  c.out_dtype = rng.coin(0.5) ? dt::kBFloat16 : dt::kFloat16;
+  c.lse = rng.coin(0.7);
+  c.sinks = rng.coin(0.4);
+  c.q_len = rng.randint(1, 5);
+  if (rng.coin(0.4)) {
+    for (int r = 0; r < c.B; ++r) c.ragged_q_lens.push_back(rng.randint(0, 5));
+    c.max_q_len_hint = rng.coin(0.5);
+  }
+  const bool sparse = rng.coin(0.25);
+  for (int r = 0; r < c.B; ++r) {
+    const int kind = rng.randint(0, 3);
+    c.seq_lens.push_back(kind == 0   ? rng.randint(0, 3)
+                         : kind == 1 ? rng.randint(4, 70)
+                                     : rng.randint(71, space.max_seq_len));
+    if (sparse) c.seq_lens.back() = std::max(c.seq_lens.back(), 1);
+  }
+  if (sparse) {
+    c.top_k = std::vector<int>{8, 33, 64, 128}[rng.randint(0, 3)];
+    const int lens = rng.randint(0, 2);
+    c.topk_lens = lens == 0                              ? oracle::TopkLens::kNone
+                  : lens == 1 && c.ragged_q_lens.empty() ? oracle::TopkLens::kPerRequest
+                                                         : oracle::TopkLens::kPerToken;
+  } else {
+    const int mask = rng.randint(0, 3);
+    c.mask = mask == 1 ? Mask::kU32 : mask == 2 ? Mask::kU16 : Mask::kNone;
+  }
+  c.scale_tensors = rng.coin(0.5);
+  c.bmm1 = rng.coin(0.5) ? 0.0 : rng.uniform(space.bmm1_lo, space.bmm1_hi);
+  c.bmm2 = rng.coin(0.5) ? 1.0 : rng.uniform(0.25, 4.0);
+  c.skip = rng.coin(0.25) ? 1e-30f : 0.0f;
+  c.strided = rng.coin(0.4);
+  c.kv4d = rng.coin(0.3);
+  return c;
+}
+
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // The tensors of one call, the oracle's view of the same numbers, and where each output lives.

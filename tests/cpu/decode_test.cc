@@ -380,53 +380,15 @@ std::vector<Case> odd_dim_cases() {
 
 // Random combinations of every feature at once (fixed seeds), to catch interactions.
 std::vector<Case> mixed_cases() {
+  const MixedSpace space{{1, 3, 16, 128},
+                         {1, 16, 64},
+                         {kBf16, kFp16, kFp8, kBf16, kFp32},
+                         {kBf16, kFp16, kFp8, kFp8, kFp32},
+                         400,
+                         0.05,
+                         2.0};
   std::vector<Case> cases;
-  const DataType q_dtypes[] = {kBf16, kFp16, kFp8, kBf16, kFp32};
-  const DataType kv_dtypes[] = {kBf16, kFp16, kFp8, kFp8, kFp32};
-  for (int n = 0; n < 48; ++n) {
-    Case c;
-    c.seed = 1000 + n;
-    mla_test::Rng rng(c.seed);
-    c.B = rng.randint(1, 4);
-    c.H = std::vector<int>{1, 3, 16, 128}[rng.randint(0, 3)];
-    c.page_size = std::vector<int>{1, 16, 64}[rng.randint(0, 2)];
-    const int pair = rng.randint(0, 4);
-    c.q_dtype = q_dtypes[pair];
-    c.kv_dtype = kv_dtypes[pair];
-    c.out_dtype = rng.coin(0.5) ? kBf16 : kFp16;
-    c.lse = rng.coin(0.7);
-    c.sinks = rng.coin(0.4);
-    c.q_len = rng.randint(1, 5);
-    if (rng.coin(0.4)) {
-      for (int r = 0; r < c.B; ++r) c.ragged_q_lens.push_back(rng.randint(0, 5));
-      c.max_q_len_hint = rng.coin(0.5);
-    }
-    const bool sparse = rng.coin(0.25);
-    for (int r = 0; r < c.B; ++r) {
-      const int kind = rng.randint(0, 3);
-      c.seq_lens.push_back(kind == 0   ? rng.randint(0, 3)
-                           : kind == 1 ? rng.randint(4, 70)
-                                       : rng.randint(71, 400));
-      if (sparse) c.seq_lens.back() = std::max(c.seq_lens.back(), 1);
-    }
-    if (sparse) {
-      c.top_k = std::vector<int>{8, 33, 64, 128}[rng.randint(0, 3)];
-      const int lens = rng.randint(0, 2);
-      c.topk_lens = lens == 0                              ? oracle::TopkLens::kNone
-                    : lens == 1 && c.ragged_q_lens.empty() ? oracle::TopkLens::kPerRequest
-                                                           : oracle::TopkLens::kPerToken;
-    } else {
-      const int mask = rng.randint(0, 3);
-      c.mask = mask == 1 ? Mask::kU32 : mask == 2 ? Mask::kU16 : Mask::kNone;
-    }
-    c.scale_tensors = rng.coin(0.5);
-    c.bmm1 = rng.coin(0.5) ? 0.0 : rng.uniform(0.05, 2.0);
-    c.bmm2 = rng.coin(0.5) ? 1.0 : rng.uniform(0.25, 4.0);
-    c.skip = rng.coin(0.25) ? 1e-30f : 0.0f;
-    c.strided = rng.coin(0.4);
-    c.kv4d = rng.coin(0.3);
-    cases.push_back(c);
-  }
+  for (int n = 0; n < 48; ++n) cases.push_back(mixed_case(1000 + n, space));
   return cases;
 }
 
