@@ -66,23 +66,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
       (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads;
   const int tile_rows = min(kRows, w.rows);
 
-  if (w.block_begin >= w.block_end) {  // an empty split: max -inf, sum 0 (acc is not read)
-    if (threadIdx.x < tile_rows) {
-      p.partial_max[partial_row0 + threadIdx.x] = kNegInf;
-      p.partial_sum[partial_row0 + threadIdx.x] = 0.0f;
-    }
+  if (w.block_begin >= w.block_end) {  // an empty split
+    v2::store_empty_partial(p, partial_row0, tile_rows);
     return;
   }
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Traits::kStages; ++s) {
-      for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], 1);
-      v1::mbar_init(&smem.empty_l[s], 128 / 32);
-      v1::mbar_init(&smem.empty_r[s], 128 / 32);
-    }
-    v1::fence_mbar_init();
-  }
-  __syncthreads();
+  v2::init_ring_barriers<Traits>(smem);
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {

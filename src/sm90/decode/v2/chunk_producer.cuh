@@ -3,10 +3,35 @@
 
 #include <cstdint>
 
+#include "sm90/common.cuh"
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
 
 namespace mla::sm90::v2 {
+
+// The ring's barriers: one full barrier per chunk of each stage (the producer's transaction
+// count), and per stage one empty barrier per consumer half (one arrive per consumer warp).
+template <typename Traits>
+__device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Traits::kStages; ++s) {
+      for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], 1);
+      v1::mbar_init(&smem.empty_l[s], 128 / 32);
+      v1::mbar_init(&smem.empty_r[s], 128 / 32);
+    }
+    v1::fence_mbar_init();
+  }
+  __syncthreads();
+}
+
+// An empty split's partial rows [row0, row0 + rows): max -inf, sum 0 (its acc is never read).
+__device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p, int64_t row0,
+                                                    int rows) {
+  if (threadIdx.x < rows) {
+    p.partial_max[row0 + threadIdx.x] = kNegInf;
+    p.partial_sum[row0 + threadIdx.x] = 0.0f;
+  }
+}
 
 // Loads the split's 64-key blocks into the ring, block it into stage it % kStages. Each chunk
 // (64 keys x 64 columns, one TMA box per page) completes its own full barrier, so the S GEMM can
