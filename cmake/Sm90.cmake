@@ -20,6 +20,7 @@ if(MLA_ENABLE_CUDA)
     # v2: TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per element type).
     src/sm90/decode/v2/seesaw_bf16.cu
     src/sm90/decode/v2/seesaw_fp16.cu
+    src/sm90/decode/v2/schedule.cu
     # rows: the transposed kernel for at most 32 query rows per request (one file per dtype and N).
     src/sm90/decode/rows/few_rows_bf16_r16.cu
     src/sm90/decode/rows/few_rows_bf16_r32.cu

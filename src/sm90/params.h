@@ -12,11 +12,37 @@ enum class Elem : int { kBf16 = 0, kFp16 = 1, kFp8E4M3 = 2 };
 // Keys per online-softmax block, per skip-softmax decision and per split unit.
 inline constexpr int kBlockKeys = 64;
 
-// Most splits per query token (the combine kernel's warp 0 holds kMaxSplits / 32 per lane).
-inline constexpr int kMaxSplits = 128;
+// Most splits per query token (the combine kernel's warp 0 holds kMaxSplits / 32 per lane); a
+// request of the balanced schedule has at most one split per part.
+inline constexpr int kMaxSplits = 256;
 
 // Bytes at the start of the workspace that hold the checked mode's record (the first bad index).
 inline constexpr int64_t kCheckRecordBytes = 256;
+
+// The balanced schedule (src/sm90/decode/v2/schedule.cu), written into the workspace by the plan
+// kernel. Every request's 64-key blocks are laid end to end, each request preceded by
+// kScheduleFixedBlocks blocks' worth of cost (its per-segment overhead: query tile, partial store,
+// combine; 8 measured best, docs/perf-notes.md), and the line is cut into num_parts equal runs of
+// `part_blocks` positions (schedule.cu says how many); part k takes
+// positions [k * part_blocks, (k + 1) * part_blocks). A request's piece in one part is a segment;
+// segment i of request b writes partial rows [row_base + i * rows, row_base + (i + 1) * rows).
+inline constexpr int kScheduleFixedBlocks = 8;
+inline constexpr int kScheduleMaxParts = 1024;
+
+struct ScheduleRequest {
+  int32_t pos;       // position of the request's first block on the line
+  int32_t blocks;    // ceil(seq_len / 64): blocks of the request's last query token
+  int32_t row_base;  // first partial row of its segment 0
+  int32_t rows;      // n_b * H: partial rows per segment
+};
+
+// Where the combine finds one query token's partials: rows base_row + s * stride + h, s < splits.
+struct ScheduleToken {
+  int32_t base_row;
+  int32_t stride;
+  int32_t splits;  // 0: the request has no key (out 0, lse -inf)
+  int32_t unused;
+};
 
 struct DecodeKernelParams {
   // Inputs.
@@ -41,12 +67,21 @@ struct DecodeKernelParams {
   float* partial_max = nullptr;  // [num_splits, T, H] fp32, running max (-inf: no key)
   float* partial_sum = nullptr;  // [num_splits, T, H] fp32, sum of exp(s - max)
 
+  // Balanced schedule (v2): set, the partial rows are those of the schedule (ScheduleRequest)
+  // instead of [num_splits, T, H], and the grid is (tiles, num_parts).
+  const ScheduleRequest* sched_requests = nullptr;  // [B]
+  const ScheduleToken* sched_tokens = nullptr;      // [T]
+  const int32_t* sched_part_first = nullptr;        // [num_parts] first request of a part (B: none)
+  const int32_t* sched_part_blocks = nullptr;       // [1] positions per part
+  int32_t num_parts = 0;
+
   // Sizes.
   int32_t batch = 0;       // B
   int32_t num_tokens = 0;  // T = B * q_len, or cum_seq_lens_q[B]
   int32_t q_len = 0;       // dense query length; 0 when ragged
   int32_t num_heads = 0;   // H
-  int32_t num_splits = 0;  // splits per query token, <= kMaxSplits (a split may be empty)
+  int32_t num_splits = 0;  // splits per query token, <= kMaxSplits (a split may be empty); with
+                           // the balanced schedule, the typical count (sizes the combine's CTAs)
   int32_t page_size = 0;   // a power of two
   int32_t page_shift = 0;  // log2(page_size)
   int32_t num_pages = 0;   // P

@@ -72,7 +72,12 @@ inline std::string case_name(const Case& c) {
   } else {
     s << "_ragged" << join(c.ragged_q_lens) << (c.max_q_len_hint ? "hint" : "");
   }
-  s << "_seq" << join(c.seq_lens);
+  if (c.seq_lens.size() <= 8) {
+    s << "_seq" << join(c.seq_lens);
+  } else {  // long batches: the first few and the count
+    s << "_seq" << join(std::vector<int>(c.seq_lens.begin(), c.seq_lens.begin() + 4)) << "x_of"
+      << c.seq_lens.size();
+  }
   s << "_ps" << c.page_size << "_" << mla_test::dtype_name(c.q_dtype) << "x"
     << mla_test::dtype_name(c.kv_dtype) << "_out" << mla_test::dtype_name(c.out_dtype);
   if (!c.lse) s << "_nolse";

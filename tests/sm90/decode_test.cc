@@ -712,7 +712,72 @@ std::vector<Case> few_rows_cases() {
   return cases;
 }
 
+// v2's balanced schedule (the plan kernel's segments): many requests of mixed lengths (zeros,
+// single keys, a few long ones) so that part boundaries cut requests anywhere; a request that
+// spans every part (the most splits the combine merges); several query-row tiles per request with
+// causal limits that leave a tile's segment without a key; ragged queries where a request has no
+// rows in a later tile.
+std::vector<Case> schedule_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 3200 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  auto mixed_lens = [](int B, int mean, uint64_t seed) {
+    mla_test::Rng rng(seed);
+    std::vector<int> lens(B);
+    for (int b = 0; b < B; ++b) {
+      const int kind = rng.randint(0, 9);
+      lens[b] = kind == 0 ? 0 : kind == 1 ? rng.randint(1, 3) : rng.randint(1, 2 * mean);
+    }
+    lens[B / 3] = 24 * mean;  // one long request among them
+    return lens;
+  };
+  Case c;
+  c.B = 150;
+  c.H = 64;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = mixed_lens(c.B, 300, 1);
+  add(c);
+  c.B = 40;
+  c.H = 128;
+  c.q_len = 3;
+  c.page_size = 32;
+  c.seq_lens = mixed_lens(c.B, 200, 2);
+  c.sinks = true;
+  add(c);
+  c = Case();  // ragged: 1 to 4 tokens of 32 heads (one or two tiles), zero-token requests
+  c.B = 60;
+  c.H = 32;
+  c.seq_lens = mixed_lens(c.B, 250, 3);
+  {
+    mla_test::Rng rng(4);
+    for (int b = 0; b < c.B; ++b) c.ragged_q_lens.push_back(rng.randint(0, 4));
+  }
+  c.max_q_len_hint = true;
+  c.page_size = 16;
+  add(c);
+  c = Case();  // one request across every part (132 parts at H 64: the combine's lanes 0..4)
+  c.B = 2;
+  c.H = 64;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {40000, 1};
+  c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+  add(c);
+  c.H = 128;  // 66 parts, a mask over two tokens
+  c.q_len = 2;
+  c.seq_lens = {1, 30001};
+  c.q_dtype = c.kv_dtype = c.out_dtype = kBf16;
+  c.mask = Mask::kU32;
+  add(c);
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Schedule, Sm90Decode, ::testing::ValuesIn(schedule_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);

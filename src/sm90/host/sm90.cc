@@ -4,15 +4,20 @@
 //
 // Workspace layout (bytes; every piece 256-byte aligned):
 //   [0, 256)                       checked mode record: one uint64 key (IndexCheck), ~0 when clean
-//   partial_max [S, T, H] fp32     running max of each split row (-inf: the split saw no key)
-//   partial_sum [S, T, H] fp32     sum of exp(s - max)
-//   partial_acc [S, T, H, L] fp32  unnormalized sum of exp(s - max) * v
-// with S = num_splits (split_count below), T query tokens, H heads, L = 512.
+//   partial_max [N] fp32           running max of each partial row (-inf: the split saw no key)
+//   partial_sum [N] fp32           sum of exp(s - max)
+//   partial_acc [N, L] fp32        unnormalized sum of exp(s - max) * v
+//   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T],
+//            first request per part [parts] int32, positions per part [1] int32
+// with N partial rows: S x T x H in the uniform layout [S, T, H] (S = split_count below) of v0
+// and the few-rows kernel, at most T x H + (parts - 1) x max_q_len x H for v2's segments (Layout);
+// T query tokens, H heads, L = 512. plan() writes v2's schedule; run() reads it.
 //
 // Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md, docs/sm90-small-rows.md): the TMA + wgmma
 // kernels take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
 // query and kv_cache strides and addresses: the few-rows kernel (keys as the GEMM M, 16 or 32
-// padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA) otherwise;
+// padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA, one wave of
+// CTAs over the balanced schedule that plan() writes) otherwise;
 // everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
 // MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
 // comparisons. All write the same partials, merged by v0's combine kernel.
@@ -32,6 +37,7 @@
 #include "sm90/decode/v0/launch.h"
 #include "sm90/decode/v1/launch.h"
 #include "sm90/decode/v2/launch.h"
+#include "sm90/decode/v2/schedule.h"
 #include "sm90/params.h"
 
 namespace mla::detail::sm90 {
@@ -49,7 +55,8 @@ namespace rows = ::mla::sm90::rows;
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMinKeysPerSplit = 256;  // v0: a split handles at least this many keys
 constexpr int64_t kV0MaxSplits = 64;
-constexpr int64_t kMaxSplits = ::mla::sm90::kMaxSplits;
+constexpr int64_t kMaxSplits = 128;  // uniform splits per query token (v0, few-rows kernel)
+static_assert(kMaxSplits <= ::mla::sm90::kMaxSplits, "the combine kernel's capacity");
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -122,6 +129,15 @@ int64_t max_splits_override() {
   static const int64_t cap = env_int("MLA_SM90_MAX_SPLITS");
   return cap;
 }
+// MLA_SM90_SCHEDULE_FIXED=N: the balanced schedule's fixed cost per request in blocks (timing
+// studies only; results stay correct).
+int64_t schedule_fixed_blocks() {
+  static const int64_t fixed = [] {
+    const int64_t v = env_int("MLA_SM90_SCHEDULE_FIXED");
+    return v > 0 ? std::min<int64_t>(v, 1 << 20) : ::mla::sm90::kScheduleFixedBlocks;
+  }();
+  return fixed;
+}
 
 // v1 query-row tiles of one request: ceil(max_q_len * H / 64).
 int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, v1::kTileRows); }
@@ -144,6 +160,28 @@ bool v1_shape_ok(const Problem& p) {
     return false;
   }
   return true;
+}
+
+// The few-rows kernel takes requests of at most rows::kMaxRows query rows (H x max_q_len).
+bool rows_shape_ok(const Problem& p) {
+  return v1_shape_ok(p) && p.max_q_len * p.num_heads <= rows::kMaxRows && forced_kernel() != "v2";
+}
+
+// Parts of the balanced schedule: one CTA per SM for each query-row tile of a request.
+int64_t schedule_parts(const Problem& p) {
+  const int64_t parts = sm_count(p.device.device_id) / v1_tiles(p);
+  return std::clamp<int64_t>(
+      parts, 1, std::min<int64_t>(::mla::sm90::kMaxSplits, ::mla::sm90::kScheduleMaxParts));
+}
+
+// v2 runs on the balanced schedule: every call the TMA kernels take that the few-rows kernel does
+// not, within the schedule's int32 positions and partial rows.
+bool v2_shape_ok(const Problem& p) {
+  if (!v1_shape_ok(p) || rows_shape_ok(p)) return false;
+  const int64_t max_blocks = ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys);
+  const int64_t positions = p.batch * (max_blocks + schedule_fixed_blocks());
+  const int64_t rows = (p.num_tokens + schedule_parts(p) * p.max_q_len) * p.num_heads;
+  return positions < INT32_MAX && rows < INT32_MAX;
 }
 
 // Upper bound of the splits per query token, from shapes and the SM count only.
@@ -172,20 +210,40 @@ int64_t split_count(const Problem& p) {
   return ceil_div(max_blocks, ceil_div(max_blocks, splits));
 }
 
+// Partial rows hold either layout: uniform [splits, T, H] (v0, few-rows kernel, and v0 where a v2
+// call's data addresses turn out unaligned) or the balanced schedule's segments (v2), whose rows
+// number at most T x H + (parts - 1) x max_q_len x H (each part boundary cuts one request once).
 struct Layout {
   int64_t splits = 1;
-  int64_t max_offset = 0, sum_offset = 0, acc_offset = 0, bytes = 0;
+  bool scheduled = false;  // v2's route: plan() writes the schedule
+  int64_t parts = 0;
+  int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
+  int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
+  int64_t bytes = 0;
 };
 
 Layout layout_of(const Problem& p) {
   Layout l;
   if (p.batch == 0) return l;
   l.splits = split_count(p);
-  const int64_t rows = l.splits * p.num_tokens * p.num_heads;
+  int64_t rows = l.splits * p.num_tokens * p.num_heads;
+  l.scheduled = p.num_tokens > 0 && v2_shape_ok(p);
+  if (l.scheduled) {
+    l.parts = schedule_parts(p);
+    rows = std::max(rows, (p.num_tokens + (l.parts - 1) * p.max_q_len) * p.num_heads);
+  }
   l.max_offset = kAlign;  // after the checked mode's record
   l.sum_offset = l.max_offset + align_up(rows * 4);
   l.acc_offset = l.sum_offset + align_up(rows * 4);
   l.bytes = l.acc_offset + align_up(rows * p.L * 4);
+  if (l.scheduled) {
+    l.requests_offset = l.bytes;
+    l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::ScheduleRequest));
+    l.part_first_offset =
+        l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::ScheduleToken));
+    l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
+    l.bytes = l.part_blocks_offset + kAlign;
+  }
   return l;
 }
 
@@ -342,6 +400,20 @@ void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace
 
 // ---- the decode ----
 
+// The balanced schedule's pieces of the workspace, for the kernels that read it.
+void schedule_view(const Layout& layout, uint8_t* workspace, int64_t batch, DecodeKernelParams& k) {
+  k.sched_requests =
+      reinterpret_cast<const ::mla::sm90::ScheduleRequest*>(workspace + layout.requests_offset);
+  k.sched_tokens =
+      reinterpret_cast<const ::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
+  k.sched_part_first = reinterpret_cast<const int32_t*>(workspace + layout.part_first_offset);
+  k.sched_part_blocks = reinterpret_cast<const int32_t*>(workspace + layout.part_blocks_offset);
+  k.num_parts = static_cast<int32_t>(layout.parts);
+  // The combine's CTA shape follows the typical splits of a request: one, plus the part
+  // boundaries that fall inside it.
+  k.num_splits = static_cast<int32_t>(std::min(layout.parts, 1 + ceil_div(layout.parts, batch)));
+}
+
 DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint8_t* workspace,
                                  const Layout& layout) {
   DecodeKernelParams k;
@@ -405,29 +477,30 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   return k;
 }
 
-cudaError_t launch_split_kv(const Problem& p, Elem q, Elem kv, const DecodeKernelParams& k,
-                            cudaStream_t stream, bool pdl) {
-  // v1 where the call fits it (see the routing note at the top of this file).
+// Launches the decode kernel; `k` is the call's parameters in the uniform layout, to which the
+// balanced schedule's pieces are added where v2 runs (the combine then reads them too).
+cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem kv,
+                            DecodeKernelParams& k, uint8_t* workspace, cudaStream_t stream,
+                            bool pdl) {
+  // The TMA kernels where the call fits them (see the routing note at the top of this file).
   const bool aligned =
       reinterpret_cast<uintptr_t>(k.query) % 16 == 0 && reinterpret_cast<uintptr_t>(k.kv) % 16 == 0;
-  if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned && v1_shape_ok(p)) {
+  if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned &&
+      (rows_shape_ok(p) || layout.scheduled)) {
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       // NOTE: with at most 32 query rows per request, v2's 64-row tiles are mostly padding and
       // the few-rows kernel does a quarter to a half of the tensor work (docs/perf-notes.md).
-      const int64_t rows_per_request = p.max_q_len * p.num_heads;
-      const std::string forced = forced_kernel();
-      if (rows_per_request <= rows::kMaxRows && forced != "v2") {
-        if (rows_per_request <= 16) {
+      if (rows_shape_ok(p)) {
+        if (p.max_q_len * p.num_heads <= 16) {
           return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
                                   : rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
         }
         return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
                                 : rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
       }
+      schedule_view(layout, workspace, p.batch, k);
       const int tiles = static_cast<int>(v1_tiles(p));
-      // NOTE: v2 measured faster than v1's lockstep kernel on every row of the goal table, which
-      // it replaced (docs/perf-notes.md).
       return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
                               : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
     }
@@ -492,8 +565,27 @@ size_t workspace_size(const Problem& problem) {
   return static_cast<size_t>(layout_of(problem).bytes);
 }
 
-void plan(const Problem&, const DecodeParams&) {
-  // v0: each CTA derives its key range from seq_lens on the device; there is no schedule to write.
+void plan(const Problem& p, const DecodeParams& prm) {
+  // v0 and the few-rows kernel derive each CTA's key range from seq_lens on the device; v2's
+  // balanced schedule is written into the workspace here.
+  if (p.batch == 0) return;
+  DeviceGuard guard(p.device.device_id);
+  const Layout layout = layout_of(p);
+  if (!layout.scheduled) return;
+  auto* workspace = static_cast<uint8_t*>(prm.workspace.data);
+  DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
+  schedule_view(layout, workspace, p.batch, k);
+  v2::ScheduleOutputs out;
+  out.requests =
+      reinterpret_cast<::mla::sm90::ScheduleRequest*>(workspace + layout.requests_offset);
+  out.tokens = reinterpret_cast<::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
+  out.part_first = reinterpret_cast<int32_t*>(workspace + layout.part_first_offset);
+  out.part_blocks = reinterpret_cast<int32_t*>(workspace + layout.part_blocks_offset);
+  const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
+  MLA_CUDA_CHECK(v2::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
+                                     static_cast<int>(schedule_fixed_blocks()),
+                                     static_cast<cudaStream_t>(prm.stream), prm.enable_pdl),
+                 "launching the schedule kernel");
 }
 
 void run(const Problem& p, const DecodeParams& prm) {
@@ -505,10 +597,10 @@ void run(const Problem& p, const DecodeParams& prm) {
   if (prm.validate_indices) check_indices(p, prm, workspace, stream);
   if (p.num_tokens == 0) return;
 
-  const DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
-  MLA_CUDA_CHECK(
-      launch_split_kv(p, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, stream, prm.enable_pdl),
-      "launching the split-KV decode kernel");
+  DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
+  MLA_CUDA_CHECK(launch_split_kv(p, layout, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, workspace,
+                                 stream, prm.enable_pdl),
+                 "launching the split-KV decode kernel");
   const int sms = sm_count(p.device.device_id);
   const cudaError_t err = p.out_dtype == dtype::kBFloat16
                               ? v0::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)

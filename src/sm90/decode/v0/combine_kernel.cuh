@@ -1,9 +1,10 @@
 // v0 combine kernel: merges the split partials of each (token, head) row into out and lse.
 //
 // Grid mapping: blockIdx.x = query token t, blockIdx.y = head h, blockIdx.z = column chunk (512 /
-// gridDim.z columns). The CTA's threads form split groups of (128 / gridDim.z) threads, 4 columns
-// (one 16-byte vector) each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA).
-// With M = max over splits of the split max m_s (splits without keys excluded):
+// gridDim.z columns). A row's splits are at [num_splits, T, H] or, with the balanced schedule,
+// where the token's ScheduleToken says. The CTA's threads form split groups of (128 / gridDim.z)
+// threads, 4 columns (one 16-byte vector) each; group g takes splits g, g + G, g + 2G, ... (G =
+// groups per CTA). With M = max over splits of the split max m_s (splits without keys excluded):
 //   Z   = sum_s sum_s' * exp(m_s - M),  acc = sum_s acc_s * exp(m_s - M)
 //   out = bmm2_scale * acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
@@ -36,20 +37,34 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
   __shared__ float4 part[kCombineMaxThreads];  // each thread's group sum, for the final merge
   __shared__ float row_max, row_z;
 
-  // ---- prologue: indices only (runs before the split-KV grid has finished) ----
+  // ---- prologue: indices only ----
   const int t = blockIdx.x, h = blockIdx.y;
   const int group_threads = (kL / 4) / gridDim.z;
   const int groups = blockDim.x / group_threads;
   const int g = threadIdx.x / group_threads;
   const int lane_in_group = threadIdx.x - g * group_threads;
   const int c = blockIdx.z * (kL / gridDim.z) + 4 * lane_in_group;
-  const int num_splits = p.num_splits;
-  const int64_t stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;  // between splits
-  const int64_t row = static_cast<int64_t>(t) * p.num_heads + h;
-  const float* acc_base = p.partial_acc + row * kL + c;
+
+  // Rows of this (token, head): split s at row + s * stride.
+  // NOTE: the schedule is read before the wait: its plan kernel finished before the split-KV grid
+  // passed its own wait, which is before this grid could launch.
+  int num_splits;
+  int64_t stride, row;
+  if (p.sched_tokens != nullptr) {
+    const ScheduleToken st = p.sched_tokens[t];
+    num_splits = st.splits;
+    stride = st.stride;
+    row = st.base_row + h;
+  } else {
+    num_splits = p.num_splits;
+    stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+    row = static_cast<int64_t>(t) * p.num_heads + h;
+  }
 
   pdl_wait();  // the partials come from the split-KV grid
   pdl_launch_dependents();
+
+  const float* acc_base = p.partial_acc + row * kL + c;
 
   // ---- the group's first batch of acc vectors: in flight while warp 0 finds the weights ----
   float4 a[kCombineBatch];
@@ -72,8 +87,12 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
 #pragma unroll
     for (int j = 0; j < kSplitsPerLane; ++j) {
       const int s = lane + 32 * j;
-      m_s[j] = s < num_splits ? __ldcs(&p.partial_max[s * stride + row]) : kNegInf;
-      sum_s[j] = s < num_splits ? __ldcs(&p.partial_sum[s * stride + row]) : 0.0f;
+      m_s[j] = kNegInf;
+      sum_s[j] = 0.0f;
+      if (32 * j < num_splits) {  // NOTE: a warp-uniform bound: no loads past the last split
+        m_s[j] = s < num_splits ? __ldcs(&p.partial_max[s * stride + row]) : kNegInf;
+        sum_s[j] = s < num_splits ? __ldcs(&p.partial_sum[s * stride + row]) : 0.0f;
+      }
       m = fmaxf(m, m_s[j]);
     }
 #pragma unroll
@@ -158,7 +177,8 @@ __global__ void __launch_bounds__(kCombineMaxThreads)
 }
 
 // The CTA shape: enough column chunks that the grid covers about two CTAs per SM, then as many
-// split groups as the splits (up to kCombineMaxThreads threads, at least one warp).
+// split groups as the splits need, kCombineBatch splits each (up to kCombineMaxThreads threads, at
+// least one warp).
 template <Elem Out>
 cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
                            bool pdl) {
@@ -166,8 +186,11 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaS
   int chunks = 1;
   while (chunks < 8 && rows * chunks < 2 * static_cast<int64_t>(sm_count)) chunks *= 2;
   const int group_threads = (kCombineL / 4) / chunks;
-  const int groups = std::max(std::min(params.num_splits, kCombineMaxThreads / group_threads),
-                              std::max(1, 32 / group_threads));
+  // NOTE: a group keeps kCombineBatch splits in flight; more threads per CTA than that needs cost
+  // resident CTAs, and the kernel is latency-bound (docs/perf-notes.md, Change 10).
+  const int want = (params.num_splits + kCombineBatch - 1) / kCombineBatch;
+  const int groups =
+      std::max(std::min(want, kCombineMaxThreads / group_threads), std::max(1, 32 / group_threads));
   const dim3 grid(params.num_tokens, params.num_heads, chunks);
   return launch(&combine_kernel<Out>, grid, dim3(group_threads * groups), 0, stream, pdl, params);
 }

@@ -45,6 +45,53 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   return w;
 }
 
+// The segments of one CTA of the balanced schedule (params.h, ScheduleRequest): part blockIdx.y,
+// query-row tile blockIdx.x, in request order. The producer and the consumers walk the same list.
+struct PartCursor {
+  int b;       // next request to look at
+  int part;    // blockIdx.y
+  int per;     // positions per part
+  int lo, hi;  // the part's positions [lo, hi)
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams& p) {
+    part = blockIdx.y;
+    per = *p.sched_part_blocks;
+    lo = part * per;
+    hi = lo + per;
+    b = p.sched_part_first[part];
+  }
+
+  // The next segment of this tile: its work and first partial row; false when the part is done.
+  // A segment past the tile's extent (an earlier token's causal limit) has no block and still gets
+  // its (empty) partial; a request without rows in this tile has no segment here.
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
+                                       int64_t& partial_row0) {
+    while (b < p.batch) {
+      const ScheduleRequest r = p.sched_requests[b];
+      if (r.pos >= hi) return false;
+      const int cur = b++;
+      const int first = max(lo, r.pos) - r.pos;
+      const int last = min(hi, r.pos + r.blocks) - r.pos;
+      if (first >= last) continue;  // no block of this request in the part
+      w.row0 = blockIdx.x * kTileRows;
+      if (w.row0 >= r.rows) continue;
+      w.b = cur;
+      w.rows = r.rows;
+      w.n = r.rows / p.num_heads;
+      w.token0 = p.cum_seq_lens_q != nullptr ? p.cum_seq_lens_q[cur] : cur * p.q_len;
+      w.seq_len = p.seq_lens[cur];
+      const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
+      w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
+      const int tile_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
+      w.block_begin = min(first, tile_blocks);
+      w.block_end = min(last, tile_blocks);
+      partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;
+      return true;
+    }
+    return false;
+  }
+};
+
 // Which keys one query row attends: j < limit, and with a custom mask, j < first_query or the
 // mask bit (j - first_query) of the row.
 struct RowRule {

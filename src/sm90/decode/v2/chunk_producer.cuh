@@ -37,10 +37,14 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // (64 keys x 64 columns, one TMA box per page) completes its own full barrier, so the S GEMM can
 // start on the first chunk. The V_L chunks are refilled as soon as consumer 0 releases them
 // (empty_l), the V_R chunks and the rope chunk once consumer 1 has too (empty_r).
+// `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
+// barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
 template <typename Traits>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
                                                const CUtensorMap* kv_map,
-                                               typename Traits::SharedMemoryPlan& smem) {
+                                               typename Traits::SharedMemoryPlan& smem,
+                                               uint32_t used0 = 0, uint32_t used1 = 0) {
+  static_assert(Traits::kStages == 2, "blocks alternate between two stages");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);  // rows per box
   const int page_shift = p.page_shift;
@@ -61,8 +65,8 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   int pages[4], pieces = 0;
   load_pages(w.block_begin, pages, pieces);
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
-    const int stage = it % Traits::kStages;
-    const uint32_t phase = (it / Traits::kStages) & 1;
+    const int stage = it & 1;
+    const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
     int cur[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) cur[q] = pages[q];

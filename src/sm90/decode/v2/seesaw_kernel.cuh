@@ -1,9 +1,10 @@
 // v2 seesaw decode kernel: v1's TMA pipeline with each consumer scoring whole blocks in turn.
 //
-// Grid mapping (as v1): blockIdx.x = tile of 64 query rows of one request (row = token * H + head;
-// rows past the request's n_b * H are zero padding), blockIdx.y = request b, blockIdx.z = split s,
-// which takes the s-th of num_splits equal runs of the tile's 64-key blocks. It writes the split's
-// unnormalized partial (acc, max, sum) of each row; v0's combine kernel merges the splits.
+// Grid mapping: blockIdx.x = tile of 64 query rows of a request (row = token * H + head; rows past
+// the request's n_b * H are zero padding), blockIdx.y = part of the balanced schedule (params.h,
+// ScheduleRequest; planned on the device by schedule.cu): the CTA walks its part's segments (one
+// run of 64-key blocks of one request each) in order and writes each segment's unnormalized
+// partial (acc, max, sum) of its rows; v0's combine kernel merges them. The grid is one wave.
 //
 // Warpgroup roles (384 threads):
 //   WG0 producer: v1's producer, one K block (64 keys x 576) per stage of a 2-stage ring.
@@ -57,25 +58,26 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
-  const v1::TileWork w = v1::resolve_tile(p);
-  if (w.row0 >= w.rows) return;  // a tile past this request's rows
-  const int64_t partial_row0 =
-      (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
-  const int tile_rows = min(kRows, w.rows - w.row0);
-
-  if (w.block_begin >= w.block_end) {  // an empty split
-    store_empty_partial(p, partial_row0, tile_rows);
-    return;
-  }
   init_ring_barriers<Traits>(smem);
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    // ---- producer warpgroup ----
+    // ---- producer warpgroup: every segment's blocks through one ring ----
     v1::regs_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x == 0) {
       v1::prefetch_tensor_map(&kv_map);
-      produce_chunks<Traits>(p, w, &kv_map, smem);
+      uint32_t used0 = 0, used1 = 0;  // blocks each stage has held (its barriers' phase)
+      v1::PartCursor cursor;
+      cursor.begin(p);
+      v1::TileWork w;
+      int64_t partial_row0;
+      while (cursor.next(p, w, partial_row0)) {
+        if (w.block_begin >= w.block_end) continue;
+        produce_chunks<Traits>(p, w, &kv_map, smem, used0, used1);
+        const uint32_t n = w.block_end - w.block_begin;
+        used0 += (n + 1) / 2;
+        used1 += n / 2;
+      }
     }
     return;
   }
@@ -86,27 +88,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
-
-  // Query tile into shared memory (16-byte vectors; padding rows 0).
-  {
-    const auto* q = static_cast<const uint4*>(p.query);
-    constexpr int kVecs = kD / 8;  // per row
-    for (int e = ctid; e < kRows * kVecs; e += Traits::kConsumerThreads) {
-      const int r = e / kVecs, v = e - r * kVecs;
-      uint4 value = make_uint4(0, 0, 0, 0);
-      if (r < tile_rows) {
-        const int row = w.row0 + r;
-        const int i = row / p.num_heads, h = row - i * p.num_heads;
-        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-        const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
-        value = __ldg(q + elem / 8);
-      }
-      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem.q) +
-                                v1::swizzled_offset(r, v * 8, kRows)) = value;
-    }
-    fence_proxy_async_smem();
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  }
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
@@ -122,310 +103,365 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   Tensor tOcO =
       thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
   static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128, "GMMA fragments");
-  clear(tOrO);
 
   // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
   int my_row[2];
   my_row[0] = get<0>(tScS(0));
   my_row[1] = get<0>(tScS(2));
-  v1::RowRule rule[2];
-  bool row_valid[2];
-#pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    const int r = my_row[s];
-    row_valid[s] = r < tile_rows;
-    const int i = (w.row0 + r) / p.num_heads;  // token of the row
-    rule[s].first_query = w.seq_len - w.n;
-    rule[s].mask = nullptr;
-    if (!row_valid[s]) {
-      rule[s].limit = 0;
-    } else if (p.mask != nullptr) {
-      rule[s].limit = w.seq_len;
-      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-      rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
-    } else {
-      rule[s].limit = max(0, w.seq_len - w.n + i + 1);
-    }
-  }
-
   const float bmm1_scale = p.bmm1_scale_ptr != nullptr ? *p.bmm1_scale_ptr : p.bmm1_scale;
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
-  const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
-  const float skip_threshold =
-      skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(w.seq_len)) : 0.0f;
 
-  float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
-  float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
-
-  // O half += P V half of the block in `stage` (P in its rope chunk); issued, not waited for.
-  auto pv_gemm = [&](int stage) {
-    Tensor sP = make_tensor(make_smem_ptr(smem.k[stage] + Traits::kRopeChunkOffset),
-                            typename Traits::SmemLayoutP{});
-    Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
-    Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
-    Tensor sV_half =
-        local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
-    Tensor tOrV = thr_pv.partition_fragment_B(sV_half);
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    CUTE_UNROLL
-    for (int k = 0; k < size<2>(tOrP); ++k) cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-    warpgroup_commit_batch();
-  };
-  auto rescale_o = [&](const float(&factor)[2]) {
-    // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
-    // rows all kept their max skips the 128 multiplies.
-    if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
-  };
-  // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
-  // consumer 0; V_R and P for consumer 1) are done.
-  auto release = [&](int stage) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
-  };
-
-  const int num_blocks = w.block_end - w.block_begin;
-  for (int round = 0; 2 * round < num_blocks; ++round) {
-    const int par = round & 1;
-    const uint32_t phase = round & 1;
-    const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
-    const bool mine = cw == 0 || has_odd;             // this consumer scores a block this round
-    const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
-    T* k_stage = smem.k[cw];
-    float m_in[2], a_in[2];  // running max before this consumer's block, and the previous factor
-
-    if (mine) {
-      // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over the
-      // whole block, each 64-column chunk issued as it lands ----
-      Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
-      Tensor tSrK = thr_qk.partition_fragment_B(sK);
-      constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
-      static_assert(decltype(size<2>(tSrQ))::value == Traits::kChunks * kStepsPerChunk, "k steps");
-      warpgroup_fence_operand(tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        if (k % kStepsPerChunk == 0) {
-          mbar_wait(&smem.full[cw][k / kStepsPerChunk], phase);
-          warpgroup_arrive();
-        }
-        cute::gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-        mma_qk.accumulate_ = GMMA::ScaleOut::One;
+  uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
+  v1::PartCursor cursor;
+  cursor.begin(p);
+  v1::TileWork w;
+  int64_t partial_row0;
+  while (cursor.next(p, w, partial_row0)) {
+    const int tile_rows = min(kRows, w.rows - w.row0);
+    if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
+      if (ctid < tile_rows) {
+        p.partial_max[partial_row0 + ctid] = kNegInf;
+        p.partial_sum[partial_row0 + ctid] = 0.0f;
       }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+      continue;
     }
 
-    if (cw == 1) {
-      // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
-      named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
+    // Query tile into shared memory (16-byte vectors; padding rows 0), every load in flight at
+    // once. The previous segment's GEMMs are complete: both consumers passed its final barrier.
+    {
+      const auto* q = static_cast<const uint4*>(p.query);
+      constexpr int kVecs = kD / 8;  // per row
+      constexpr int kPerThread = kRows * kVecs / Traits::kConsumerThreads;
+      static_assert(kRows * kVecs % Traits::kConsumerThreads == 0, "whole rounds of loads");
+      uint4 value[kPerThread];
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        m_in[s] = smem.max[par][0][my_row[s]];
-        a_in[s] = smem.scale[par][0][my_row[s]];
-        row_sum[s] *= a_in[s];
+      for (int k = 0; k < kPerThread; ++k) {
+        const int e = ctid + k * Traits::kConsumerThreads;
+        const int r = e / kVecs, v = e - r * kVecs;
+        value[k] = make_uint4(0, 0, 0, 0);
+        if (r < tile_rows) {
+          const int row = w.row0 + r;
+          const int i = row / p.num_heads, h = row - i * p.num_heads;
+          const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+          const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
+          value[k] = __ldg(q + elem / 8);
+        }
       }
-      rescale_o(a_in);
-      pv_gemm(0);
-    } else {
 #pragma unroll
-      for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+      for (int k = 0; k < kPerThread; ++k) {
+        const int e = ctid + k * Traits::kConsumerThreads;
+        const int r = e / kVecs, v = e - r * kVecs;
+        *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem.q) +
+                                  v1::swizzled_offset(r, v * 8, kRows)) = value[k];
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
+    clear(tOrO);
 
-    if (mine) {
-      // ---- mask; row max over the block (scaled, base 2) ----
-      // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
-      // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
-      const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
-                            key0 + kKeys <= min(rule[0].limit, rule[1].limit);
-      const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
-      float block_max[2] = {kNegInf, kNegInf};
-      if (unmasked) {
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          const int slot = (v >> 1) & 1;
-          block_max[slot] = fmaxf(block_max[slot], tSrS(v));
-        }
-      } else {
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          const int slot = (v >> 1) & 1;
-          const int j = key0 + get<1>(tScS(v));
-          const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
-          tSrS(v) = s;
-          block_max[slot] = fmaxf(block_max[slot], s);
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
-        block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-        block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
-      }
-
-      // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
-      if (skip_softmax) {
-        bool negligible = true;
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          negligible =
-              negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
-        }
-        const uint32_t vote_id =
-            barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
-        if (named_barrier_and(vote_id, 128, negligible)) {
-          block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
-        }
-      }
-
-      // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
-      float m_new[2], a_new[2];
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        m_new[s] = fmaxf(m_in[s], block_max[s]);
-        const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
-        a_new[s] = exp2f(m_in[s] - m_use);
-        // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
-        // of 1 leaves them so and lets its warp skip the rescale.
-        if (m_new[s] == kNegInf) a_new[s] = 1.0f;
-        block_max[s] = m_use;
-        row_sum[s] *= a_new[s];
-      }
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) {
-        const int slot = (v >> 1) & 1;
-        const float e = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
-        tSrS(v) = e;
-        row_sum[slot] += e;
-      }
-
-      // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
-      {
-        // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-        // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-v1.md).
-        uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); v += 2) {
-          const uint32_t offset = v1::swizzled_offset(get<0>(tScS(v)), get<1>(tScS(v)), kRows);
-          T pair[2] = {T(tSrS(v)), T(tSrS(v + 1))};
-          *reinterpret_cast<uint32_t*>(p_bytes + offset) = *reinterpret_cast<const uint32_t*>(pair);
-        }
-        // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
-        // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-        const int valid = min(kKeys, w.extent - key0);
-        if (valid < kKeys) {
-          uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
-          constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
-          const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
-          for (int e = wtid; e < n; e += 128) {
-            const int piece = e & 7, rest = e >> 3;
-            const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
-            *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
-                make_uint4(0, 0, 0, 0);
-          }
-        }
-        if ((lane & 3) == 0) {
-#pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            smem.max[par][cw][my_row[s]] = m_new[s];
-            smem.scale[par][cw][my_row[s]] = a_new[s];
-          }
-        }
-        fence_proxy_async_smem();
-        // This warpgroup's own P V reads every thread's P (and the zeroed V rows of a partial
-        // block): sync the warpgroup, then hand over.
-        named_barrier_sync(
-            barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
-        named_barrier_arrive(barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
-                             Traits::kConsumerThreads);
-      }
-
-#pragma unroll
-      for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
-      if (cw == 0) {
-        // ---- O_L = a0 O_L + P0 V0_L ----
-        // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
-        // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        rescale_o(a_new);
-        pv_gemm(0);
-        // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
-        // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release(0);
-      } else {
-        // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release(0);
-        rescale_o(a_new);
-        pv_gemm(1);
-      }
-    } else {
-      // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
-#pragma unroll
-      for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
-    }
-
-    if (cw == 0 && has_odd) {
-      // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
-      named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
-      float a1[2];
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        row_max[s] = smem.max[par][1][my_row[s]];
-        a1[s] = smem.scale[par][1][my_row[s]];
-        row_sum[s] *= a1[s];
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      rescale_o(a1);
-      pv_gemm(1);
-    }
-    // Drain this round's last P V: the stage it read goes back to the producer.
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    if (cw == 0) {
-      if (has_odd) release(1);
-    } else {
-      release(mine ? 1 : 0);
-    }
-  }
-
-  // ---- store_partials: max (natural log units), sum over both consumers, O half ----
-#pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
-    row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
-    if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
-  }
-  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  if (cw == 0 && (lane & 3) == 0) {
+    v1::RowRule rule[2];
+    bool row_valid[2];
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      if (row_valid[s]) {
-        const int64_t row = partial_row0 + my_row[s];
-        p.partial_max[row] = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
-        p.partial_sum[row] = row_sum[s] + smem.row_sum[my_row[s]];
+      const int r = my_row[s];
+      row_valid[s] = r < tile_rows;
+      const int i = (w.row0 + r) / p.num_heads;  // token of the row
+      rule[s].first_query = w.seq_len - w.n;
+      rule[s].mask = nullptr;
+      if (!row_valid[s]) {
+        rule[s].limit = 0;
+      } else if (p.mask != nullptr) {
+        rule[s].limit = w.seq_len;
+        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+        rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+      } else {
+        rule[s].limit = max(0, w.seq_len - w.n + i + 1);
       }
     }
-  }
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); v += 2) {
-    const int r = get<0>(tOcO(v));
-    if (r < tile_rows) {
-      const int c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
-      *reinterpret_cast<float2*>(&p.partial_acc[(partial_row0 + r) * Traits::kL + c]) =
-          make_float2(tOrO(v), tOrO(v + 1));
+
+    const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
+    const float skip_threshold =
+        skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(w.seq_len)) : 0.0f;
+
+    float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
+    float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
+
+    // O half += P V half of the block in `stage` (P in its rope chunk); issued, not waited for.
+    auto pv_gemm = [&](int stage) {
+      Tensor sP = make_tensor(make_smem_ptr(smem.k[stage] + Traits::kRopeChunkOffset),
+                              typename Traits::SmemLayoutP{});
+      Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
+      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+      Tensor sV_half =
+          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+      Tensor tOrV = thr_pv.partition_fragment_B(sV_half);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrP); ++k)
+        cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+      warpgroup_commit_batch();
+    };
+    auto rescale_o = [&](const float(&factor)[2]) {
+      // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
+      // rows all kept their max skips the 128 multiplies.
+      if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
+    };
+    // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
+    // consumer 0; V_R and P for consumer 1) are done.
+    auto release = [&](int stage) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
+    };
+
+    const int num_blocks = w.block_end - w.block_begin;
+    for (int round = 0; 2 * round < num_blocks; ++round) {
+      const int par = round & 1;
+      const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
+      const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
+      ++uses[0];
+      if (has_odd) ++uses[1];
+      const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
+      const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
+      T* k_stage = smem.k[cw];
+      float m_in[2], a_in[2];  // running max before this consumer's block, and the previous factor
+
+      if (mine) {
+        // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over the
+        // whole block, each 64-column chunk issued as it lands ----
+        Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);
+        constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
+        static_assert(decltype(size<2>(tSrQ))::value == Traits::kChunks * kStepsPerChunk,
+                      "k steps");
+        warpgroup_fence_operand(tSrS);
+        mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tSrQ); ++k) {
+          if (k % kStepsPerChunk == 0) {
+            mbar_wait(&smem.full[cw][k / kStepsPerChunk], phase);
+            warpgroup_arrive();
+          }
+          cute::gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
+          mma_qk.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+      }
+
+      if (cw == 1) {
+        // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
+        named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          m_in[s] = smem.max[par][0][my_row[s]];
+          a_in[s] = smem.scale[par][0][my_row[s]];
+          row_sum[s] *= a_in[s];
+        }
+        rescale_o(a_in);
+        pv_gemm(0);
+      } else {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+      }
+
+      if (mine) {
+        // ---- mask; row max over the block (scaled, base 2) ----
+        // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
+        // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+        const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
+                              key0 + kKeys <= min(rule[0].limit, rule[1].limit);
+        const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
+        float block_max[2] = {kNegInf, kNegInf};
+        if (unmasked) {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+          }
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            const int j = key0 + get<1>(tScS(v));
+            const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+            tSrS(v) = s;
+            block_max[slot] = fmaxf(block_max[slot], s);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+          block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
+        }
+
+        // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
+        if (skip_softmax) {
+          bool negligible = true;
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            negligible =
+                negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+          }
+          const uint32_t vote_id =
+              barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
+          if (named_barrier_and(vote_id, 128, negligible)) {
+            block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
+          }
+        }
+
+        // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
+        float m_new[2], a_new[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          m_new[s] = fmaxf(m_in[s], block_max[s]);
+          const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
+          a_new[s] = exp2f(m_in[s] - m_use);
+          // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
+          // of 1 leaves them so and lets its warp skip the rescale.
+          if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+          block_max[s] = m_use;
+          row_sum[s] *= a_new[s];
+        }
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          const float e = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
+          tSrS(v) = e;
+          row_sum[slot] += e;
+        }
+
+        // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+        {
+          // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
+          // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-v1.md).
+          uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); v += 2) {
+            const uint32_t offset = v1::swizzled_offset(get<0>(tScS(v)), get<1>(tScS(v)), kRows);
+            T pair[2] = {T(tSrS(v)), T(tSrS(v + 1))};
+            *reinterpret_cast<uint32_t*>(p_bytes + offset) =
+                *reinterpret_cast<const uint32_t*>(pair);
+          }
+          // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
+          // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
+          const int valid = min(kKeys, w.extent - key0);
+          if (valid < kKeys) {
+            uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
+            constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
+            const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
+            for (int e = wtid; e < n; e += 128) {
+              const int piece = e & 7, rest = e >> 3;
+              const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
+              *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
+                  make_uint4(0, 0, 0, 0);
+            }
+          }
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              smem.max[par][cw][my_row[s]] = m_new[s];
+              smem.scale[par][cw][my_row[s]] = a_new[s];
+            }
+          }
+          fence_proxy_async_smem();
+          // This warpgroup's own P V reads every thread's P (and the zeroed V rows of a partial
+          // block): sync the warpgroup, then hand over.
+          named_barrier_sync(
+              barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+          named_barrier_arrive(
+              barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
+              Traits::kConsumerThreads);
+        }
+
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
+        if (cw == 0) {
+          // ---- O_L = a0 O_L + P0 V0_L ----
+          // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
+          // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          rescale_o(a_new);
+          pv_gemm(0);
+          // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
+          // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(0);
+        } else {
+          // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(0);
+          rescale_o(a_new);
+          pv_gemm(1);
+        }
+      } else {
+        // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+      }
+
+      if (cw == 0 && has_odd) {
+        // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
+        named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
+        float a1[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          row_max[s] = smem.max[par][1][my_row[s]];
+          a1[s] = smem.scale[par][1][my_row[s]];
+          row_sum[s] *= a1[s];
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        rescale_o(a1);
+        pv_gemm(1);
+      }
+      // Drain this round's last P V: the stage it read goes back to the producer.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (cw == 0) {
+        if (has_odd) release(1);
+      } else {
+        release(mine ? 1 : 0);
+      }
     }
-  }
+
+    // ---- store_partials: max (natural log units), sum over both consumers, O half ----
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
+      if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
+    }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    if (cw == 0 && (lane & 3) == 0) {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        if (row_valid[s]) {
+          const int64_t row = partial_row0 + my_row[s];
+          p.partial_max[row] = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
+          p.partial_sum[row] = row_sum[s] + smem.row_sum[my_row[s]];
+        }
+      }
+    }
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); v += 2) {
+      const int r = get<0>(tOcO(v));
+      if (r < tile_rows) {
+        const int c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
+        *reinterpret_cast<float2*>(&p.partial_acc[(partial_row0 + r) * Traits::kL + c]) =
+            make_float2(tOrO(v), tOrO(v + 1));
+      }
+    }
+  }  // segments
 }
 
 template <Elem E>
@@ -436,7 +472,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   auto* kernel = &seesaw_kernel<E>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(num_tiles, params.batch, params.num_splits);
+  const dim3 grid(num_tiles, params.num_parts);
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
 }
 

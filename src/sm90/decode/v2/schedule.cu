@@ -1,0 +1,129 @@
+// Plan kernel of the balanced schedule (params.h, ScheduleRequest; docs/sm90-v2.md, Schedule).
+//
+// One CTA of kThreads threads, each owning a contiguous run of requests:
+//   pass 1: cost of request b = blocks_b + fixed (kScheduleFixedBlocks; 0 without a block); an
+//           exclusive scan gives its position; positions per part are the even share
+//           ceil(total / parts), or a multiple of the longest request's cost up to 10% above it;
+//   pass 2: the parts a request's blocks fall in give its segment count; a second scan of
+//           segments x rows gives its first partial row; each part records its first request;
+//   pass 3: the request and token records.
+// Everything is a function of seq_lens and the query lengths: the same plan serves every layer.
+#include <cub/block/block_scan.cuh>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/v2/schedule.h"
+
+namespace mla::sm90::v2 {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kSlackPercent = 10;  // how much longer than the even share a part may be made
+
+__device__ __forceinline__ int blocks_of(int seq_len, int max_blocks) {
+  const int len = max(seq_len, 0);
+  return min((len >> 6) + ((len & (kBlockKeys - 1)) != 0 ? 1 : 0), max_blocks);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    schedule_kernel(const __grid_constant__ DecodeKernelParams p, ScheduleOutputs out,
+                    int max_q_len, int max_blocks, int fixed) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int part_first[kScheduleMaxParts];
+  __shared__ int max_cost;  // the largest request cost
+  static_assert(kBlockKeys == 64, "blocks_of divides by 64");
+
+  pdl_wait();  // seq_lens may come from the previous grid; the last plan's readers are done
+  pdl_launch_dependents();
+
+  const int batch = p.batch, parts = p.num_parts, heads = p.num_heads;
+  const int per_thread = (batch + kThreads - 1) / kThreads;
+  const int b_begin = min(batch, static_cast<int>(threadIdx.x) * per_thread);
+  const int b_end = min(batch, b_begin + per_thread);
+  // Query tokens of request b, clamped to what the workspace was sized for.
+  auto tokens_of = [&](int b, int& token0) {
+    if (p.cum_seq_lens_q == nullptr) {
+      token0 = b * p.q_len;
+      return p.q_len;
+    }
+    token0 = p.cum_seq_lens_q[b];
+    return min(max(p.cum_seq_lens_q[b + 1] - token0, 0), max_q_len);
+  };
+
+  // ---- pass 1: positions ----
+  int cost = 0;
+  for (int b = b_begin; b < b_end; ++b) {
+    const int blocks = blocks_of(p.seq_lens[b], max_blocks);
+    cost += blocks > 0 ? blocks + fixed : 0;
+  }
+  int pos0 = 0, total = 0;
+  Scan(scan).ExclusiveSum(cost, pos0, total);
+  for (int k = threadIdx.x; k < parts; k += kThreads) part_first[k] = batch;
+  if (threadIdx.x == 0) max_cost = 0;
+  __syncthreads();  // part_first and max_cost initialized; the scan storage is reused below
+  for (int b = b_begin; b < b_end; ++b) {
+    const int blocks = blocks_of(p.seq_lens[b], max_blocks);
+    if (blocks > 0) atomicMax(&max_cost, blocks + fixed);
+  }
+  __syncthreads();
+  // Positions per part: the even share, or a whole number of the longest request's cost where that
+  // is at most kSlackPercent more. NOTE: with equal lengths the latter cuts only between requests
+  // (no request split, no partial traffic for it); with mixed lengths it is rarely within reach.
+  const int even = max(1, (total + parts - 1) / parts);
+  int per = even;
+  if (max_cost > 0) {
+    const int64_t whole = static_cast<int64_t>((even + max_cost - 1) / max_cost) * max_cost;
+    if (whole * 100 <= static_cast<int64_t>(even) * (100 + kSlackPercent)) {
+      per = static_cast<int>(whole);
+    }
+  }
+
+  // ---- pass 2: segments, partial rows, first request of each part ----
+  int rows = 0;
+  for (int b = b_begin, pos = pos0; b < b_end; ++b) {
+    const int blocks = blocks_of(p.seq_lens[b], max_blocks);
+    if (blocks == 0) continue;
+    int token0;
+    const int n = tokens_of(b, token0);
+    const int start = pos + fixed;
+    const int first = start / per, last = (start + blocks - 1) / per;
+    rows += (last - first + 1) * n * heads;
+    for (int k = first; k <= last; ++k) atomicMin(&part_first[k], b);
+    pos = start + blocks;
+  }
+  int row0 = 0, total_rows = 0;
+  Scan(scan).ExclusiveSum(rows, row0, total_rows);
+
+  // ---- pass 3: request and token records ----
+  for (int b = b_begin, pos = pos0, row = row0; b < b_end; ++b) {
+    const int blocks = blocks_of(p.seq_lens[b], max_blocks);
+    int token0;
+    const int n = tokens_of(b, token0);
+    const int start = pos + fixed;
+    const int segments = blocks > 0 ? (start + blocks - 1) / per - start / per + 1 : 0;
+    const int request_rows = n * heads;
+    out.requests[b] = ScheduleRequest{start, blocks, row, request_rows};
+    for (int i = 0; i < n; ++i) {
+      const int t = token0 + i;  // trusted in the fast path; never written outside [0, T)
+      if (t >= 0 && t < p.num_tokens) {
+        out.tokens[t] = ScheduleToken{row + i * heads, request_rows, segments, 0};
+      }
+    }
+    row += segments * request_rows;
+    if (blocks > 0) pos = start + blocks;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < parts; k += kThreads) out.part_first[k] = part_first[k];
+  if (threadIdx.x == 0) *out.part_blocks = per;
+}
+
+}  // namespace
+
+cudaError_t launch_schedule(const DecodeKernelParams& params, const ScheduleOutputs& out,
+                            int max_q_len, int max_blocks, int fixed_blocks, cudaStream_t stream,
+                            bool pdl) {
+  return launch(&schedule_kernel, dim3(1), dim3(kThreads), 0, stream, pdl, params, out, max_q_len,
+                max_blocks, fixed_blocks);
+}
+
+}  // namespace mla::sm90::v2

@@ -1,0 +1,27 @@
+// The balanced schedule of the v2 kernel (params.h, ScheduleRequest): the plan kernel that writes
+// it into the workspace from seq_lens and the query lengths, on the device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "sm90/params.h"
+
+namespace mla::sm90::v2 {
+
+// Where the plan kernel writes (the workspace pieces that params' sched_* pointers read).
+struct ScheduleOutputs {
+  ScheduleRequest* requests = nullptr;  // [B]
+  ScheduleToken* tokens = nullptr;      // [T]
+  int32_t* part_first = nullptr;        // [num_parts]
+  int32_t* part_blocks = nullptr;       // [1]
+};
+
+// One CTA: positions by a block-wide scan of the requests' costs, segments and partial rows by a
+// second scan. `max_q_len` and `max_blocks` (ceil(max_seq_len / 64)) bound each request's query
+// tokens and blocks: the workspace was sized for them, whatever seq_lens and cum_seq_lens_q hold.
+// `fixed_blocks` is the cost put before every request (kScheduleFixedBlocks).
+cudaError_t launch_schedule(const DecodeKernelParams& params, const ScheduleOutputs& out,
+                            int max_q_len, int max_blocks, int fixed_blocks, cudaStream_t stream,
+                            bool pdl);
+
+}  // namespace mla::sm90::v2
