@@ -215,6 +215,7 @@ int64_t split_count(const Problem& p) {
 // number at most T x H + (parts - 1) x max_q_len x H (each part boundary cuts one request once).
 struct Layout {
   int64_t splits = 1;
+  int64_t rows = 0;        // partial rows
   bool scheduled = false;  // v2's route: plan() writes the schedule
   int64_t parts = 0;
   int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
@@ -232,6 +233,7 @@ Layout layout_of(const Problem& p) {
     l.parts = schedule_parts(p);
     rows = std::max(rows, (p.num_tokens + (l.parts - 1) * p.max_q_len) * p.num_heads);
   }
+  l.rows = rows;
   l.max_offset = kAlign;  // after the checked mode's record
   l.sum_offset = l.max_offset + align_up(rows * 4);
   l.acc_offset = l.sum_offset + align_up(rows * 4);
@@ -583,7 +585,7 @@ void plan(const Problem& p, const DecodeParams& prm) {
   out.part_blocks = reinterpret_cast<int32_t*>(workspace + layout.part_blocks_offset);
   const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
   MLA_CUDA_CHECK(v2::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
-                                     static_cast<int>(schedule_fixed_blocks()),
+                                     static_cast<int>(schedule_fixed_blocks()), layout.rows,
                                      static_cast<cudaStream_t>(prm.stream), prm.enable_pdl),
                  "launching the schedule kernel");
 }

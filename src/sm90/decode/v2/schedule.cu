@@ -26,7 +26,7 @@ __device__ __forceinline__ int blocks_of(int seq_len, int max_blocks) {
 
 __global__ void __launch_bounds__(kThreads)
     schedule_kernel(const __grid_constant__ DecodeKernelParams p, ScheduleOutputs out,
-                    int max_q_len, int max_blocks, int fixed) {
+                    int max_q_len, int max_blocks, int fixed, int64_t max_rows) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int part_first[kScheduleMaxParts];
@@ -100,9 +100,14 @@ __global__ void __launch_bounds__(kThreads)
     int token0;
     const int n = tokens_of(b, token0);
     const int start = pos + fixed;
-    const int segments = blocks > 0 ? (start + blocks - 1) / per - start / per + 1 : 0;
+    int segments = blocks > 0 ? (start + blocks - 1) / per - start / per + 1 : 0;
     const int request_rows = n * heads;
-    out.requests[b] = ScheduleRequest{start, blocks, row, request_rows};
+    // NOTE: consistent cum_seq_lens_q keeps every row inside the workspace's bound; inconsistent
+    // ones (trusted in the fast path, reported by the checked mode) must still not write past it.
+    const bool fits =
+        static_cast<int64_t>(row) + static_cast<int64_t>(segments) * request_rows <= max_rows;
+    if (!fits) segments = 0;
+    out.requests[b] = ScheduleRequest{start, fits ? blocks : 0, row, request_rows};
     for (int i = 0; i < n; ++i) {
       const int t = token0 + i;  // trusted in the fast path; never written outside [0, T)
       if (t >= 0 && t < p.num_tokens) {
@@ -120,10 +125,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_schedule(const DecodeKernelParams& params, const ScheduleOutputs& out,
-                            int max_q_len, int max_blocks, int fixed_blocks, cudaStream_t stream,
-                            bool pdl) {
+                            int max_q_len, int max_blocks, int fixed_blocks, int64_t max_rows,
+                            cudaStream_t stream, bool pdl) {
   return launch(&schedule_kernel, dim3(1), dim3(kThreads), 0, stream, pdl, params, out, max_q_len,
-                max_blocks, fixed_blocks);
+                max_blocks, fixed_blocks, max_rows);
 }
 
 }  // namespace mla::sm90::v2
