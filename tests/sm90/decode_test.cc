@@ -773,6 +773,26 @@ std::vector<Case> schedule_cases() {
   c.q_dtype = c.kv_dtype = c.out_dtype = kBf16;
   c.mask = Mask::kU32;
   add(c);
+  // Every request one segment (300 one-block requests, 10 per part): out and lse written by the
+  // decode kernel itself, with every output option; seq_len 1 leaves token 0's rows (tiles 0 and 1)
+  // without a key, seq_len 0 leaves a request to the combine.
+  c = Case();
+  c.B = 300;
+  c.H = 128;
+  c.q_len = 2;
+  c.page_size = 64;
+  {
+    mla_test::Rng rng(5);
+    for (int b = 0; b < c.B; ++b) c.seq_lens.push_back(rng.randint(1, 64));
+    c.seq_lens[7] = c.seq_lens[150] = 1;
+    c.seq_lens[299] = 0;
+  }
+  c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+  c.sinks = true;
+  c.scale_tensors = true;
+  c.bmm2 = 0.75;
+  c.strided = true;
+  add(c);
   return cases;
 }
 

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   const int tile_rows = min(kRows, w.rows);
 
   if (w.block_begin >= w.block_end) {  // an empty split
-    v2::store_empty_partial(p, partial_row0, tile_rows);
+    v2::store_empty_partial(p, partial_row0, tile_rows, threadIdx.x);
     return;
   }
   v2::init_ring_barriers<Traits>(smem);

@@ -23,6 +23,15 @@ struct TileWork {
   int block_end;
 };
 
+// The keys a tile's rows may attend: w.seq_len and w.extent from w.b, w.n and w.row0. Returns the
+// 64-key blocks they span.
+__device__ __forceinline__ int resolve_extent(const DecodeKernelParams& p, TileWork& w) {
+  w.seq_len = p.seq_lens[w.b];
+  const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
+  w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
+  return (w.extent + kBlockKeys - 1) / kBlockKeys;
+}
+
 __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   TileWork w;
   w.b = blockIdx.y;
@@ -35,10 +44,7 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   }
   w.rows = w.n * p.num_heads;
   w.row0 = blockIdx.x * kTileRows;
-  w.seq_len = p.seq_lens[w.b];
-  const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
-  w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
-  const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
+  const int num_blocks = resolve_extent(p, w);
   const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
   w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
   w.block_end = min(num_blocks, w.block_begin + per_split);
@@ -79,10 +85,7 @@ struct PartCursor {
       w.rows = r.rows;
       w.n = r.rows / p.num_heads;
       w.token0 = p.cum_seq_lens_q != nullptr ? p.cum_seq_lens_q[cur] : cur * p.q_len;
-      w.seq_len = p.seq_lens[cur];
-      const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
-      w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
-      const int tile_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
+      const int tile_blocks = resolve_extent(p, w);
       w.block_begin = min(first, tile_blocks);
       w.block_end = min(last, tile_blocks);
       partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;

@@ -25,11 +25,12 @@ __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemory
 }
 
 // An empty split's partial rows [row0, row0 + rows): max -inf, sum 0 (its acc is never read).
+// Thread `tid` writes row row0 + tid (threads 0 .. rows - 1 of the caller's group take part).
 __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p, int64_t row0,
-                                                    int rows) {
-  if (threadIdx.x < rows) {
-    p.partial_max[row0 + threadIdx.x] = kNegInf;
-    p.partial_sum[row0 + threadIdx.x] = 0.0f;
+                                                    int rows, int tid) {
+  if (tid < rows) {
+    p.partial_max[row0 + tid] = kNegInf;
+    p.partial_sum[row0 + tid] = 0.0f;
   }
 }
 

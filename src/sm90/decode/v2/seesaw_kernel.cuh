@@ -119,10 +119,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   while (cursor.next(p, w, partial_row0)) {
     const int tile_rows = min(kRows, w.rows - w.row0);
     if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
-      if (ctid < tile_rows) {
-        p.partial_max[partial_row0 + ctid] = kNegInf;
-        p.partial_sum[partial_row0 + ctid] = 0.0f;
-      }
+      store_empty_partial(p, partial_row0, tile_rows, ctid);
       continue;
     }
 
