@@ -187,22 +187,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     {
       Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
       Tensor tSrK = thr_qk.partition_fragment_A(sK);
-      constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
-      static_assert(decltype(size<2>(tSrQ))::value == Traits::kChunks * kStepsPerChunk, "k steps");
-      warpgroup_fence_operand(tSrS);
-      mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tSrQ); ++k) {
-        if (k % kStepsPerChunk == 0) {
-          mbar_wait(&smem.full[cw][k / kStepsPerChunk], phase);
-          warpgroup_arrive();
-        }
-        cute::gemm(mma_qk, tSrK(_, _, k), tSrQ(_, _, k), tSrS);
-        mma_qk.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+      v2::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
     }
 
     // ---- mask; column max over the block's keys (scaled, base 2) ----

@@ -1,5 +1,7 @@
-// The v2 producer: v1's K-block ring, loaded and released in 64-column chunks.
+// The v2 ring: v1's K-block ring, loaded (producer) and multiplied (chunked_gemm) by chunks.
 #pragma once
+
+#include <cute/tensor.hpp>
 
 #include <cstdint>
 
@@ -22,6 +24,30 @@ __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemory
     v1::fence_mbar_init();
   }
   __syncthreads();
+}
+
+// C = A B over a K block whose 64-column chunks land one by one: each chunk's k steps are issued
+// once its full barrier (`full[c]`, phase `phase`) has completed; waits for the result. A and B are
+// the GEMM's fragments over the block's k steps (kChunks x 4 each).
+template <typename Traits, typename Mma, typename FragA, typename FragB, typename Accum>
+__device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const FragB& b, Accum& c,
+                                             uint64_t* full, uint32_t phase) {
+  constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
+  static_assert(decltype(cute::size<2>(a))::value == Traits::kChunks * kStepsPerChunk, "k steps");
+  cute::warpgroup_fence_operand(c);
+  mma.accumulate_ = cute::GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < cute::size<2>(a); ++k) {
+    if (k % kStepsPerChunk == 0) {
+      v1::mbar_wait(&full[k / kStepsPerChunk], phase);
+      cute::warpgroup_arrive();
+    }
+    cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);
+    mma.accumulate_ = cute::GMMA::ScaleOut::One;
+  }
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<0>();
+  cute::warpgroup_fence_operand(c);
 }
 
 // An empty split's partial rows [row0, row0 + rows): max -inf, sum 0 (its acc is never read).

@@ -230,23 +230,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         // whole block, each 64-column chunk issued as it lands ----
         Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_B(sK);
-        constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
-        static_assert(decltype(size<2>(tSrQ))::value == Traits::kChunks * kStepsPerChunk,
-                      "k steps");
-        warpgroup_fence_operand(tSrS);
-        mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(tSrQ); ++k) {
-          if (k % kStepsPerChunk == 0) {
-            mbar_wait(&smem.full[cw][k / kStepsPerChunk], phase);
-            warpgroup_arrive();
-          }
-          cute::gemm(mma_qk, tSrQ(_, _, k), tSrK(_, _, k), tSrS);
-          mma_qk.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
+        chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase);
       }
 
       if (cw == 1) {
