@@ -36,12 +36,14 @@ struct ScheduleRequest {
   int32_t rows;      // n_b * H: partial rows per segment
 };
 
-// Where the combine finds one query token's partials: rows base_row + s * stride + h, s < splits.
+// Where the combine finds query token `token`'s partials: rows base_row + s * stride + h,
+// s < splits. The plan kernel lists only the tokens the combine merges: a token of a one-segment
+// request has no partials (v2 writes its out and lse).
 struct ScheduleToken {
   int32_t base_row;
   int32_t stride;
-  int32_t splits;  // 0: the request has no key (out 0, lse -inf)
-  int32_t unused;
+  int32_t splits;  // 0: the request has no key (out 0, lse -inf); never 1
+  int32_t token;
 };
 
 struct DecodeKernelParams {
@@ -70,7 +72,8 @@ struct DecodeKernelParams {
   // Balanced schedule (v2): set, the partial rows are those of the schedule (ScheduleRequest)
   // instead of [num_splits, T, H], and the grid is (tiles, num_parts).
   const ScheduleRequest* sched_requests = nullptr;  // [B]
-  const ScheduleToken* sched_tokens = nullptr;      // [T]
+  const ScheduleToken* sched_tokens = nullptr;      // [T] the combine's list, in token order
+  const int32_t* sched_token_count = nullptr;       // [1] its length
   const int32_t* sched_part_first = nullptr;        // [num_parts] first request of a part (B: none)
   const int32_t* sched_part_blocks = nullptr;       // [1] positions per part
   int32_t num_parts = 0;
@@ -86,6 +89,9 @@ struct DecodeKernelParams {
   int32_t page_shift = 0;  // log2(page_size)
   int32_t num_pages = 0;   // P
   int32_t top_k = 0;       // > 0: sparse mode
+  int32_t out_fp16 = 0;    // out dtype: 1 fp16, 0 bf16 (for the kernels that write out)
+  int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
+  int32_t direct_out = 0;  // the few-rows kernel writes out and lse (one split); no combine
 
   // Element strides of the per-token tensors: element (b, t, h) at b * batch + t * token + h * head
   // with t = i (dense) or t = cum_seq_lens_q[b] + i (ragged; batch stride 0).

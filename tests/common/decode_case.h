@@ -53,6 +53,7 @@ struct Case {
   double bmm2 = 1.0;
   float skip = 0.0f;     // skip_softmax_threshold_scale_factor
   bool strided = false;  // padded strides on query, kv, block_tables, out
+  bool out_odd = false;  // out's strides not multiples of 8 elements (no 16-byte vector stores)
   bool kv4d = false;     // kv_cache as [P, 1, page_size, D]
   uint64_t seed = 1;
 };
@@ -96,6 +97,7 @@ inline std::string case_name(const Case& c) {
   }
   if (c.skip > 0) s << "_skip";
   if (c.strided) s << "_strided";
+  if (c.out_odd) s << "_outodd";
   if (c.kv4d) s << "_kv4d";
   return s.str();
 }
@@ -458,7 +460,9 @@ inline std::unique_ptr<Built> build(const Case& c) {
 
   // Outputs, poisoned; out may be padded.
   {
-    const int64_t hs = L + 8 * pad, ts = H * hs + 24 * pad, bs = c.q_len * ts + 40 * pad;
+    const int odd = c.out_odd ? 1 : 0;
+    const int64_t hs = L + 8 * pad + 3 * odd, ts = H * hs + 24 * pad + odd,
+                  bs = c.q_len * ts + 40 * pad + odd;
     b.out = Buffer(c.out_dtype, ragged ? T * ts : B * bs);
     b.out_logical.assign(b.out.count(), false);
     b.out_row.assign(static_cast<size_t>(T) * H, 0);

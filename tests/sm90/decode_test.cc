@@ -697,6 +697,30 @@ std::vector<Case> few_rows_cases() {
     c.seq_lens = {8192};
     add(c);
   }
+  {
+    // One split (B >= 67 on 132 SMs): out and lse from the kernel itself, no combine. Mixed
+    // lengths with seq_len 0 and 1 (token 0 of q_len 2 attends no key), fp16 with sinks, then
+    // bf16 with out strides that rule out 16-byte stores.
+    Case c;
+    c.B = 100;
+    c.H = 16;
+    c.q_len = 2;
+    c.page_size = 32;
+    mla_test::Rng rng(6);
+    for (int b = 0; b < c.B; ++b) c.seq_lens.push_back(rng.randint(1, 900));
+    c.seq_lens[3] = 0;
+    c.seq_lens[50] = 1;
+    c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+    c.sinks = true;
+    add(c);
+    c.q_dtype = c.kv_dtype = c.out_dtype = kBf16;
+    c.sinks = false;
+    c.H = 8;
+    c.q_len = 1;
+    c.out_odd = true;
+    c.scale_tensors = true;
+    add(c);
+  }
   for (bool kv4d : {false, true}) {
     Case c;  // padded strides
     c.B = 3;
@@ -792,6 +816,17 @@ std::vector<Case> schedule_cases() {
   c.scale_tensors = true;
   c.bmm2 = 0.75;
   c.strided = true;
+  add(c);
+  // Equal lengths (every request one segment, written by v2 itself) with out strides that rule
+  // out 16-byte stores, and a request without keys.
+  c = Case();
+  c.B = 140;
+  c.H = 64;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens.assign(c.B, 700);
+  c.seq_lens[9] = 0;
+  c.out_odd = true;
   add(c);
   return cases;
 }

@@ -7,8 +7,9 @@
 //   partial_max [N] fp32           running max of each partial row (-inf: the split saw no key)
 //   partial_sum [N] fp32           sum of exp(s - max)
 //   partial_acc [N, L] fp32        unnormalized sum of exp(s - max) * v
-//   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T],
-//            first request per part [parts] int32, positions per part [1] int32
+//   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T] (the
+//            tokens the combine merges), their count [1] int32, first request per part [parts]
+//            int32, positions per part [1] int32
 // with N partial rows: S x T x H in the uniform layout [S, T, H] (S = split_count below) of v0
 // and the few-rows kernel, at most T x H + (parts - 1) x max_q_len x H for v2's segments (Layout);
 // T query tokens, H heads, L = 512. plan() writes v2's schedule; run() reads it.
@@ -20,7 +21,9 @@
 // CTAs over the balanced schedule that plan() writes) otherwise;
 // everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
 // MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
-// comparisons. All write the same partials, merged by v0's combine kernel.
+// comparisons. All write the same partials, merged by v0's combine kernel, except where a row has
+// one split: v2 writes out and lse itself for a request of one segment (the combine skips its
+// tokens), and the few-rows kernel for a call of one split (no combine is launched).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -222,6 +225,7 @@ struct Layout {
   int64_t parts = 0;
   int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
   int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
+  int64_t token_count_offset = 0;
   int64_t bytes = 0;
 };
 
@@ -243,8 +247,9 @@ Layout layout_of(const Problem& p) {
   if (l.scheduled) {
     l.requests_offset = l.bytes;
     l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::ScheduleRequest));
-    l.part_first_offset =
+    l.token_count_offset =
         l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::ScheduleToken));
+    l.part_first_offset = l.token_count_offset + kAlign;
     l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
     l.bytes = l.part_blocks_offset + kAlign;
   }
@@ -413,6 +418,7 @@ void schedule_view(const Layout& layout, uint8_t* workspace, int64_t batch, Deco
   k.sched_part_first = reinterpret_cast<const int32_t*>(workspace + layout.part_first_offset);
   k.sched_part_blocks = reinterpret_cast<const int32_t*>(workspace + layout.part_blocks_offset);
   k.num_parts = static_cast<int32_t>(layout.parts);
+  k.sched_token_count = reinterpret_cast<const int32_t*>(workspace + layout.token_count_offset);
   // The combine's CTA shape follows the typical splits of a request: one, plus the part
   // boundaries that fall inside it.
   k.num_splits = static_cast<int32_t>(std::min(layout.parts, 1 + ceil_div(layout.parts, batch)));
@@ -449,6 +455,9 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   if (p.has_bmm1_tensor) k.bmm1_scale_ptr = static_cast<const float*>(prm.bmm1_scale_tensor.data);
   if (p.has_bmm2_tensor) k.bmm2_scale_ptr = static_cast<const float*>(prm.bmm2_scale_tensor.data);
   k.out = prm.out.data;
+  k.out_fp16 = p.out_dtype == dtype::kFloat16 ? 1 : 0;
+  k.out_vec16 = reinterpret_cast<uintptr_t>(k.out) % 16 == 0 && p.out.batch % 8 == 0 &&
+                p.out.token % 8 == 0 && p.out.head % 8 == 0;
   if (p.has_lse) k.lse = static_cast<float*>(prm.lse.data);
   k.partial_max = reinterpret_cast<float*>(workspace + layout.max_offset);
   k.partial_sum = reinterpret_cast<float*>(workspace + layout.sum_offset);
@@ -496,6 +505,7 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
       // NOTE: with at most 32 query rows per request, v2's 64-row tiles are mostly padding and
       // the few-rows kernel does a quarter to a half of the tensor work (docs/perf-notes.md).
       if (rows_shape_ok(p)) {
+        k.direct_out = k.num_splits == 1 ? 1 : 0;  // one split: out and lse without a combine
         if (p.max_q_len * p.num_heads <= 16) {
           return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
                                   : rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
@@ -585,6 +595,7 @@ void plan(const Problem& p, const DecodeParams& prm) {
   out.tokens = reinterpret_cast<::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
   out.part_first = reinterpret_cast<int32_t*>(workspace + layout.part_first_offset);
   out.part_blocks = reinterpret_cast<int32_t*>(workspace + layout.part_blocks_offset);
+  out.token_count = reinterpret_cast<int32_t*>(workspace + layout.token_count_offset);
   const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
   MLA_CUDA_CHECK(v2::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
                                      static_cast<int>(schedule_fixed_blocks()), layout.rows,
@@ -605,6 +616,7 @@ void run(const Problem& p, const DecodeParams& prm) {
   MLA_CUDA_CHECK(launch_split_kv(p, layout, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, workspace,
                                  stream, prm.enable_pdl),
                  "launching the split-KV decode kernel");
+  if (k.direct_out) return;  // the decode kernel wrote out and lse
   const int sms = sm_count(p.device.device_id);
   const cudaError_t err = p.out_dtype == dtype::kBFloat16
                               ? v0::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)

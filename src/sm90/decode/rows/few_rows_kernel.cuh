@@ -4,7 +4,8 @@
 // Grid mapping (as v1 with one tile): blockIdx.x = 0 (the request's n_b * H rows, padded to kRows
 // with zero rows), blockIdx.y = request b, blockIdx.z = split s, which takes the s-th of
 // num_splits equal runs of the request's 64-key blocks. It writes the split's unnormalized partial
-// (acc, max, sum) of each row; v0's combine kernel merges the splits.
+// (acc, max, sum) of each row, which v0's combine kernel merges, or with one split (the host's
+// choice, p.direct_out) out and lse themselves.
 //
 // Warpgroup roles (384 threads):
 //   WG0 producer: v2's chunk producer, one K block (64 keys x 576) per stage of a 2-stage ring.
@@ -21,6 +22,7 @@
 #include <cute/tensor.hpp>
 
 #include "sm90/common.cuh"
+#include "sm90/decode/output.cuh"
 #include "sm90/decode/rows/traits.h"
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
@@ -67,7 +69,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   const int tile_rows = min(kRows, w.rows);
 
   if (w.block_begin >= w.block_end) {  // an empty split
-    v2::store_empty_partial(p, partial_row0, tile_rows, threadIdx.x);
+    if (w.whole) {
+      store_empty_rows(p, 0, tile_rows, w.token0, threadIdx.x, Traits::kThreads);
+    } else {
+      v2::store_empty_partial(p, partial_row0, tile_rows, threadIdx.x);
+    }
     return;
   }
   v2::init_ring_barriers<Traits>(smem);
@@ -362,11 +368,52 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
       l0 += smem.sum[0][x][c];
       l1 += smem.sum[1][x][c];
     }
-    p.partial_max[partial_row0 + c] = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-    p.partial_sum[partial_row0 + c] = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
+    const float m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
+    const float l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
+    if (w.whole) {
+      // The call's only split: the combine's normalization (output.cuh) here.
+      const int i = c / p.num_heads, h = c - i * p.num_heads;
+      const int t = w.token0 + i;
+      int64_t o = -1;
+      float scale = 0.0f;
+      if (t >= 0 && t < p.num_tokens) {  // inconsistent cum_seq_lens_q: no write
+        const RowOutput ro = row_output(p, h, m_nat, l);
+        if (p.lse != nullptr) p.lse[lse_offset(p, t, h)] = ro.lse;
+        o = out_offset(p, t, h);
+        scale = ro.scale;
+      }
+      smem.out_row[c] = o;
+      smem.out_scale[c] = scale;
+    } else {
+      p.partial_max[partial_row0 + c] = m_nat;
+      p.partial_sum[partial_row0 + c] = l;
+    }
   }
   const float* first = reinterpret_cast<const float*>(smem.k[0]);
   const float* second = reinterpret_cast<const float*>(smem.k[1]);
+  if (w.whole) {
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
+      const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
+      const int64_t o = smem.out_row[c];
+      if (o < 0) continue;
+      const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k += 4) {
+        const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
+        const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
+        v[k + 0] = f != 0.0f ? (a.x + b.x) * f : 0.0f;
+        v[k + 1] = f != 0.0f ? (a.y + b.y) * f : 0.0f;
+        v[k + 2] = f != 0.0f ? (a.z + b.z) * f : 0.0f;
+        v[k + 3] = f != 0.0f ? (a.w + b.w) * f : 0.0f;
+      }
+      store_out8(p, o + d,
+                 make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                            pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7])));
+    }
+    return;
+  }
   for (int e = ctid; e < tile_rows * (kL / 4); e += Traits::kConsumerThreads) {
     const int c = e / (kL / 4), d = (e - c * (kL / 4)) * 4;
     const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d);

@@ -21,6 +21,7 @@ struct TileWork {
   int extent;       // keys [0, extent) may be attended by some row of the tile
   int block_begin;  // this split's run of 64-key blocks
   int block_end;
+  bool whole;  // balanced schedule: one segment covers the request (the CTA writes out and lse)
 };
 
 // The keys a tile's rows may attend: w.seq_len and w.extent from w.b, w.n and w.row0. Returns the
@@ -48,6 +49,7 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
   w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
   w.block_end = min(num_blocks, w.block_begin + per_split);
+  w.whole = p.direct_out != 0;  // one split (the host's choice): the CTA writes out and lse
   return w;
 }
 
@@ -88,6 +90,9 @@ struct PartCursor {
       const int tile_blocks = resolve_extent(p, w);
       w.block_begin = min(first, tile_blocks);
       w.block_end = min(last, tile_blocks);
+      // NOTE: the plan's segment count (schedule.cu) from the same positions: the combine's list
+      // holds exactly the tokens of the other requests.
+      w.whole = (r.pos + r.blocks - 1) / per == r.pos / per;
       partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;
       return true;
     }

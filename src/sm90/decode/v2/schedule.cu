@@ -5,8 +5,10 @@
 //           exclusive scan gives its position; positions per part are the even share
 //           ceil(total / parts), or a multiple of the longest request's cost up to 10% above it;
 //   pass 2: the parts a request's blocks fall in give its segment count; a second scan of
-//           segments x rows gives its first partial row; each part records its first request;
-//   pass 3: the request and token records.
+//           segments x rows gives its first partial row, and of the tokens the combine merges
+//           (those of requests without exactly one segment) their place on its list; each part
+//           records its first request;
+//   pass 3: the request records and the combine's list, in token order.
 // Everything is a function of seq_lens and the query lengths: the same plan serves every layer.
 #include <cub/block/block_scan.cuh>
 
@@ -16,7 +18,7 @@
 namespace mla::sm90::v2 {
 namespace {
 
-constexpr int kThreads = 1024;
+constexpr int kThreads = 512;
 constexpr int kSlackPercent = 10;  // how much longer than the even share a part may be made
 
 __device__ __forceinline__ int blocks_of(int seq_len, int max_blocks) {
@@ -28,7 +30,11 @@ __global__ void __launch_bounds__(kThreads)
     schedule_kernel(const __grid_constant__ DecodeKernelParams p, ScheduleOutputs out,
                     int max_q_len, int max_blocks, int fixed, int64_t max_rows) {
   using Scan = cub::BlockScan<int, kThreads>;
-  __shared__ typename Scan::TempStorage scan;
+  using Scan64 = cub::BlockScan<long long, kThreads>;
+  __shared__ union {
+    typename Scan::TempStorage narrow;
+    typename Scan64::TempStorage wide;
+  } scan;
   __shared__ int part_first[kScheduleMaxParts];
   __shared__ int max_cost;  // the largest request cost
   static_assert(kBlockKeys == 64, "blocks_of divides by 64");
@@ -57,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
     cost += blocks > 0 ? blocks + fixed : 0;
   }
   int pos0 = 0, total = 0;
-  Scan(scan).ExclusiveSum(cost, pos0, total);
+  Scan(scan.narrow).ExclusiveSum(cost, pos0, total);
   for (int k = threadIdx.x; k < parts; k += kThreads) part_first[k] = batch;
   if (threadIdx.x == 0) max_cost = 0;
   __syncthreads();  // part_first and max_cost initialized; the scan storage is reused below
@@ -78,48 +84,71 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // ---- pass 2: segments, partial rows, first request of each part ----
-  int rows = 0;
+  // A token is trusted in the fast path, and never written outside [0, T).
+  auto inside = [&](int t) { return t >= 0 && t < p.num_tokens; };
+  // Segments of a request from its positions: 0 without a block.
+  auto segments_of = [&](int start, int blocks) {
+    return blocks > 0 ? (start + blocks - 1) / per - start / per + 1 : 0;
+  };
+
+  // ---- pass 2: segments, partial rows, first request of each part, listed tokens ----
+  // NOTE: the combine lists the tokens of requests without exactly one segment; v2 writes the
+  // others' out and lse.
+  int rows = 0, listed = 0;
   for (int b = b_begin, pos = pos0; b < b_end; ++b) {
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
-    if (blocks == 0) continue;
     int token0;
     const int n = tokens_of(b, token0);
     const int start = pos + fixed;
-    const int first = start / per, last = (start + blocks - 1) / per;
-    rows += (last - first + 1) * n * heads;
-    for (int k = first; k <= last; ++k) atomicMin(&part_first[k], b);
+    const int segments = segments_of(start, blocks);
+    if (segments != 1) {
+      for (int i = 0; i < n; ++i) listed += inside(token0 + i) ? 1 : 0;
+    }
+    if (blocks == 0) continue;
+    rows += segments * n * heads;
+    for (int k = start / per; k <= (start + blocks - 1) / per; ++k) atomicMin(&part_first[k], b);
     pos = start + blocks;
   }
-  int row0 = 0, total_rows = 0;
-  Scan(scan).ExclusiveSum(rows, row0, total_rows);
+  // Both scans in one: partial rows in the high 32 bits, listed tokens (at most T) in the low.
+  long long before = 0, sums = 0;
+  Scan64(scan.wide).ExclusiveSum((static_cast<long long>(rows) << 32) | listed, before, sums);
+  const int row0 = static_cast<int>(before >> 32);
+  int list_pos = static_cast<int>(before & 0xffffffffll);
+  const int list_total = static_cast<int>(sums & 0xffffffffll);
 
-  // ---- pass 3: request and token records ----
+  // ---- pass 3: request records and the combine's list ----
   for (int b = b_begin, pos = pos0, row = row0; b < b_end; ++b) {
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
     int token0;
     const int n = tokens_of(b, token0);
     const int start = pos + fixed;
-    int segments = blocks > 0 ? (start + blocks - 1) / per - start / per + 1 : 0;
+    int segments = segments_of(start, blocks);
     const int request_rows = n * heads;
     // NOTE: consistent cum_seq_lens_q keeps every row inside the workspace's bound; inconsistent
     // ones (trusted in the fast path, reported by the checked mode) must still not write past it.
+    // A request of one segment writes no partial row.
     const bool fits =
+        segments == 1 ||
         static_cast<int64_t>(row) + static_cast<int64_t>(segments) * request_rows <= max_rows;
     if (!fits) segments = 0;
     out.requests[b] = ScheduleRequest{start, fits ? blocks : 0, row, request_rows};
-    for (int i = 0; i < n; ++i) {
-      const int t = token0 + i;  // trusted in the fast path; never written outside [0, T)
-      if (t >= 0 && t < p.num_tokens) {
-        out.tokens[t] = ScheduleToken{row + i * heads, request_rows, segments, 0};
+    for (int i = 0; i < n && segments != 1; ++i) {
+      const int t = token0 + i;
+      if (!inside(t)) continue;
+      if (list_pos < p.num_tokens) {
+        out.tokens[list_pos] = ScheduleToken{row + i * heads, request_rows, segments, t};
       }
+      ++list_pos;
     }
     row += segments * request_rows;
     if (blocks > 0) pos = start + blocks;
   }
   __syncthreads();
   for (int k = threadIdx.x; k < parts; k += kThreads) out.part_first[k] = part_first[k];
-  if (threadIdx.x == 0) *out.part_blocks = per;
+  if (threadIdx.x == 0) {
+    *out.part_blocks = per;
+    *out.token_count = min(list_total, p.num_tokens);  // inconsistent cum_seq_lens_q: bounded
+  }
 }
 
 }  // namespace

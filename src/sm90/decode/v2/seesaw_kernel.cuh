@@ -4,7 +4,8 @@
 // the request's n_b * H are zero padding), blockIdx.y = part of the balanced schedule (params.h,
 // ScheduleRequest; planned on the device by schedule.cu): the CTA walks its part's segments (one
 // run of 64-key blocks of one request each) in order and writes each segment's unnormalized
-// partial (acc, max, sum) of its rows; v0's combine kernel merges them. The grid is one wave.
+// partial (acc, max, sum) of its rows, which v0's combine kernel merges, or, for a request of one
+// segment, its rows of out and lse. The grid is one wave.
 //
 // Warpgroup roles (384 threads):
 //   WG0 producer: v1's producer, one K block (64 keys x 576) per stage of a 2-stage ring.
@@ -25,6 +26,7 @@
 #include <cute/tensor.hpp>
 
 #include "sm90/common.cuh"
+#include "sm90/decode/output.cuh"
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
 #include "sm90/decode/v2/chunk_producer.cuh"
@@ -119,7 +121,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   while (cursor.next(p, w, partial_row0)) {
     const int tile_rows = min(kRows, w.rows - w.row0);
     if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
-      store_empty_partial(p, partial_row0, tile_rows, ctid);
+      if (w.whole) {
+        store_empty_rows(p, w.row0, tile_rows, w.token0, ctid, Traits::kConsumerThreads);
+      } else {
+        store_empty_partial(p, partial_row0, tile_rows, ctid);
+      }
       continue;
     }
 
@@ -415,7 +421,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       }
     }
 
-    // ---- store_partials: max (natural log units), sum over both consumers, O half ----
+    // ---- row sums over both consumers ----
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
@@ -423,6 +429,57 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
     }
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    if (w.whole) {
+      // ---- store_out: the request's only segment, normalized as the combine would (output.cuh),
+      // staged in the query tile (free: this segment's GEMMs are done) and stored 16 bytes at a
+      // time ----
+      if (cw == 0 && (lane & 3) == 0) {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int r = my_row[s];
+          const int i = (w.row0 + r) / p.num_heads, h = w.row0 + r - i * p.num_heads;
+          const int t = w.token0 + i;
+          int64_t o = -1;
+          float scale = 0.0f;
+          if (row_valid[s] && t >= 0 && t < p.num_tokens) {  // inconsistent cum_seq_lens_q: none
+            const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
+            const RowOutput ro = row_output(p, h, m, row_sum[s] + smem.row_sum[r]);
+            if (p.lse != nullptr) p.lse[lse_offset(p, t, h)] = ro.lse;
+            o = out_offset(p, t, h);
+            scale = ro.scale;
+          }
+          smem.out_row[r] = o;
+          smem.out_scale[r] = scale;
+        }
+      }
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
+      float scale[2];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) scale[s] = smem.out_scale[my_row[s]];
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); v += 2) {
+        const float f = scale[(v >> 1) & 1];  // NOTE: a row without a key gets 0, whatever O holds
+        const int r = get<0>(tOcO(v)), c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
+        *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
+            pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
+      }
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
+      for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
+        const int r = e / kPieces, piece = e - r * kPieces;
+        const int64_t o = smem.out_row[r];
+        if (o >= 0) {
+          store_out8(p, o + piece * 8,
+                     *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
+        }
+      }
+      // The staged bytes are the next segment's query tile.
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      continue;
+    }
+
+    // ---- store_partials: max (natural log units), sum over both consumers, O half ----
     if (cw == 0 && (lane & 3) == 0) {
 #pragma unroll
       for (int s = 0; s < 2; ++s) {

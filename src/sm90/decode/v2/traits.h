@@ -98,6 +98,8 @@ struct SeesawTraits {
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
     float row_sum[kRows];      // second consumer's row sums at the end
+    int64_t out_row[kRows];    // a one-segment request: the row's offset in out (-1: not written)
+    float out_scale[kRows];    // and what its O is multiplied by (RowOutput)
     uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
     uint64_t empty_l[kStages];        // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 (V_R, rope / P) consumed: one per consumer-1 warp
@@ -105,6 +107,10 @@ struct SeesawTraits {
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
+  // A one-segment request's out rows are staged in the query tile's bytes as [row][kOutPitch]
+  // 16-bit values; the 16 bytes of padding put a warp's 8 rows of stores in different banks.
+  static constexpr int kOutPitch = kL * 2 + 16;
+  static_assert(kOutPitch * kRows <= sizeof(T) * kRows * kD, "out staging in the query tile");
 };
 
 }  // namespace mla::sm90::v2

@@ -1,0 +1,102 @@
+// Writing out and lse: the normalization of one query row, shared by the combine kernel and the
+// decode kernels that finish a row themselves (a request of one segment or one split).
+//
+// With m the row's max (natural log units; -inf: no key) and z its sum of exp(s - m):
+//   out = bmm2_scale * acc / (z + exp(sink_h - m)),  lse = m + log(z)
+// and a row without a key (z = 0) gets out = 0, lse = -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "sm90/common.cuh"
+
+namespace mla::sm90 {
+
+struct RowOutput {
+  float scale;  // what acc is multiplied by; 0 for a row without a key
+  float lse;
+};
+
+__device__ __forceinline__ RowOutput row_output(const DecodeKernelParams& p, int h, float m,
+                                                float z) {
+  RowOutput r{0.0f, kNegInf};
+  if (z == 0.0f) return r;
+  float denom = z;
+  if (p.sinks != nullptr) denom += expf(p.sinks[h * p.sinks_stride] - m);
+  const float bmm2_scale = p.bmm2_scale_ptr != nullptr ? *p.bmm2_scale_ptr : p.bmm2_scale;
+  r.scale = __fdiv_rn(bmm2_scale, denom);
+  r.lse = m + logf(z);
+  return r;
+}
+
+// Element offsets of (global token t, head h) in out and lse: dense tensors index (t / q_len,
+// t % q_len); ragged ones the token itself (batch stride 0).
+__device__ __forceinline__ void token_coords(const DecodeKernelParams& p, int t, int& b, int& i) {
+  if (p.cum_seq_lens_q != nullptr) {
+    b = 0;
+    i = t;
+  } else {
+    b = t / p.q_len;
+    i = t - b * p.q_len;
+  }
+}
+__device__ __forceinline__ int64_t out_offset(const DecodeKernelParams& p, int t, int h) {
+  int b, i;
+  token_coords(p, t, b, i);
+  return b * p.out_batch + i * p.out_token + h * p.out_head;
+}
+__device__ __forceinline__ int64_t lse_offset(const DecodeKernelParams& p, int t, int h) {
+  int b, i;
+  token_coords(p, t, b, i);
+  return b * p.lse_batch + i * p.lse_token + h * p.lse_head;
+}
+
+// Two out values rounded to nearest in the call's out type (p.out_fp16), as one 32-bit word.
+__device__ __forceinline__ uint32_t pack_out(const DecodeKernelParams& p, float a, float b) {
+  uint32_t word;
+  if (p.out_fp16) {
+    const __half2 v = __floats2half2_rn(a, b);
+    word = *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    word = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return word;
+}
+
+// Stores 8 consecutive out values (four packed words) at element offset o: one 16-byte store where
+// out's address and strides allow it (p.out_vec16), else four 4-byte or eight 2-byte stores.
+__device__ __forceinline__ void store_out8(const DecodeKernelParams& p, int64_t o,
+                                           const uint4& words) {
+  auto* base = static_cast<uint16_t*>(p.out);
+  if (p.out_vec16) {
+    *reinterpret_cast<uint4*>(base + o) = words;
+    return;
+  }
+  const uint32_t w[4] = {words.x, words.y, words.z, words.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    base[o + 2 * k] = static_cast<uint16_t>(w[k] & 0xffffu);
+    base[o + 2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+  }
+}
+
+// out 0 and lse -inf for query rows [row0, row0 + rows) of a request whose first token is token0
+// (rows that attend no key); threads tid, tid + nthreads, ... of the caller share the stores.
+__device__ __forceinline__ void store_empty_rows(const DecodeKernelParams& p, int row0, int rows,
+                                                 int token0, int tid, int nthreads) {
+  constexpr int kPieces = 512 / 8;  // 8-value pieces per row of out
+  for (int e = tid; e < rows * kPieces; e += nthreads) {
+    const int r = e / kPieces, piece = e - r * kPieces;
+    const int i = (row0 + r) / p.num_heads, h = row0 + r - i * p.num_heads;
+    const int t = token0 + i;
+    if (t < 0 || t >= p.num_tokens) continue;  // inconsistent cum_seq_lens_q: no write
+    store_out8(p, out_offset(p, t, h) + piece * 8, make_uint4(0, 0, 0, 0));
+    if (p.lse != nullptr && piece == 0) p.lse[lse_offset(p, t, h)] = kNegInf;
+  }
+}
+
+}  // namespace mla::sm90
