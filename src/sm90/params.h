@@ -37,12 +37,13 @@ struct ScheduleRequest {
 };
 
 // Where the combine finds query token `token`'s partials: rows base_row + s * stride + h,
-// s < splits. The plan kernel lists only the tokens the combine merges: a token of a one-segment
-// request has no partials (v2 writes its out and lse).
+// s < splits. The plan kernel lists only the tokens the combine merges, first in token order, then
+// records with splits -1 up to T: a token of a one-segment request has no partials (v2 writes its
+// out and lse).
 struct ScheduleToken {
   int32_t base_row;
   int32_t stride;
-  int32_t splits;  // 0: the request has no key (out 0, lse -inf); never 1
+  int32_t splits;  // 0: the request has no key (out 0, lse -inf); -1: past the list; never 1
   int32_t token;
 };
 
@@ -73,7 +74,6 @@ struct DecodeKernelParams {
   // instead of [num_splits, T, H], and the grid is (tiles, num_parts).
   const ScheduleRequest* sched_requests = nullptr;  // [B]
   const ScheduleToken* sched_tokens = nullptr;      // [T] the combine's list, in token order
-  const int32_t* sched_token_count = nullptr;       // [1] its length
   const int32_t* sched_part_first = nullptr;        // [num_parts] first request of a part (B: none)
   const int32_t* sched_part_blocks = nullptr;       // [1] positions per part
   int32_t num_parts = 0;

@@ -8,8 +8,8 @@
 //   partial_sum [N] fp32           sum of exp(s - max)
 //   partial_acc [N, L] fp32        unnormalized sum of exp(s - max) * v
 //   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T] (the
-//            tokens the combine merges), their count [1] int32, first request per part [parts]
-//            int32, positions per part [1] int32
+//            tokens the combine merges), first request per part [parts] int32, positions per
+//            part [1] int32
 // with N partial rows: S x T x H in the uniform layout [S, T, H] (S = split_count below) of v0
 // and the few-rows kernel, at most T x H + (parts - 1) x max_q_len x H for v2's segments (Layout);
 // T query tokens, H heads, L = 512. plan() writes v2's schedule; run() reads it.
@@ -225,7 +225,6 @@ struct Layout {
   int64_t parts = 0;
   int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
   int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
-  int64_t token_count_offset = 0;
   int64_t bytes = 0;
 };
 
@@ -247,9 +246,8 @@ Layout layout_of(const Problem& p) {
   if (l.scheduled) {
     l.requests_offset = l.bytes;
     l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::ScheduleRequest));
-    l.token_count_offset =
+    l.part_first_offset =
         l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::ScheduleToken));
-    l.part_first_offset = l.token_count_offset + kAlign;
     l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
     l.bytes = l.part_blocks_offset + kAlign;
   }
@@ -418,7 +416,6 @@ void schedule_view(const Layout& layout, uint8_t* workspace, int64_t batch, Deco
   k.sched_part_first = reinterpret_cast<const int32_t*>(workspace + layout.part_first_offset);
   k.sched_part_blocks = reinterpret_cast<const int32_t*>(workspace + layout.part_blocks_offset);
   k.num_parts = static_cast<int32_t>(layout.parts);
-  k.sched_token_count = reinterpret_cast<const int32_t*>(workspace + layout.token_count_offset);
   // The combine's CTA shape follows the typical splits of a request: one, plus the part
   // boundaries that fall inside it.
   k.num_splits = static_cast<int32_t>(std::min(layout.parts, 1 + ceil_div(layout.parts, batch)));
@@ -595,7 +592,6 @@ void plan(const Problem& p, const DecodeParams& prm) {
   out.tokens = reinterpret_cast<::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
   out.part_first = reinterpret_cast<int32_t*>(workspace + layout.part_first_offset);
   out.part_blocks = reinterpret_cast<int32_t*>(workspace + layout.part_blocks_offset);
-  out.token_count = reinterpret_cast<int32_t*>(workspace + layout.token_count_offset);
   const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
   MLA_CUDA_CHECK(v2::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
                                      static_cast<int>(schedule_fixed_blocks()), layout.rows,

@@ -2,12 +2,12 @@
 //
 // Work: items (token t, head h, column chunk of 512 / chunks columns) over every token, or with
 // the balanced schedule over the tokens the plan kernel listed (the others have one segment, whose
-// out and lse v2 wrote). The grid is sized by occupancy, not by the items: each CTA takes items
-// blockIdx.x, blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the
-// balanced schedule, where the token's ScheduleToken says. The CTA's threads form split groups of
-// (128 / chunks) threads, 4 columns (one 16-byte vector) each; group g takes splits g, g + G,
-// g + 2G, ... (G = groups per CTA). With M = max over splits of the split max m_s (splits
-// without keys excluded):
+// out and lse v2 wrote; a CTA stops at the first record past the list). The grid is sized by
+// occupancy, not by the items: each CTA takes items blockIdx.x, blockIdx.x + gridDim.x, ... A row's
+// splits are at [num_splits, T, H] or, with the balanced schedule, where the token's ScheduleToken
+// says. The CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 16-byte
+// vector) each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA). With M = max over
+// splits of the split max m_s (splits without keys excluded):
 //   Z   = sum_s sum_s' * exp(m_s - M),  acc = sum_s acc_s * exp(m_s - M)
 //   out = bmm2_scale * acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
@@ -29,6 +29,7 @@ namespace mla::sm90::v0 {
 inline constexpr int kCombineMaxThreads = 512;
 inline constexpr int kCombineBatch = 8;  // acc vectors in flight per thread
 inline constexpr int kCombineL = 512;
+inline constexpr int kCombineWaves = 4;  // most CTAs launched: this many times the resident ones
 
 template <Elem Out>
 // NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
@@ -49,42 +50,52 @@ __global__ void __launch_bounds__(kCombineMaxThreads, 2)
   const int g = threadIdx.x / group_threads;
   const int lane_in_group = threadIdx.x - g * group_threads;
   const int per_token = p.num_heads * chunks;
-  // NOTE: the list and the first record are read before the wait: the plan kernel finished before
-  // the decode grid passed its own wait, which is before this grid could launch.
+  // NOTE: 32-bit item indices: the host launches no combine of 2^30 items or more.
   const bool listed = p.sched_tokens != nullptr;
-  const int64_t items =
-      static_cast<int64_t>(listed ? *p.sched_token_count : p.num_tokens) * per_token;
-  // The record of this CTA's next item, loaded one item ahead. NOTE: the first one without
-  // waiting for the count: the list's [T] entries are all readable, those past it unused.
-  ScheduleToken next{};
-  if (listed)
-    next = p.sched_tokens[min(static_cast<int>(blockIdx.x) / per_token, p.num_tokens - 1)];
+  const int items = p.num_tokens * per_token;
+
+  // One item: its (token, head, columns) and where its rows are (split s at row + s * stride);
+  // splits < 0 past the combine's list (so is every later item of the CTA).
+  struct Item {
+    int t, h, chunk, c, num_splits;
+    int64_t stride, row;
+  };
+  auto resolve = [&](int item) {
+    Item it;
+    const int token_item = item / per_token;
+    const int rest = item - token_item * per_token;
+    it.h = rest % p.num_heads;
+    it.chunk = rest / p.num_heads;
+    it.c = it.chunk * (kL / chunks) + 4 * lane_in_group;
+    if (listed) {
+      const ScheduleToken st = p.sched_tokens[token_item];
+      it.t = st.token;
+      it.num_splits = st.splits;
+      it.stride = st.stride;
+      it.row = st.base_row + it.h;
+    } else {
+      it.t = token_item;
+      it.num_splits = p.num_splits;
+      it.stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+      it.row = static_cast<int64_t>(it.t) * p.num_heads + it.h;
+    }
+    return it;
+  };
+  // NOTE: the first item is resolved before the wait, so that the partials' loads follow it at
+  // once; its record is safe to read: the plan kernel finished before the decode grid passed its
+  // own wait, which is before this grid could launch.
+  int item = blockIdx.x;
+  Item it{};
+  if (item < items) it = resolve(item);
 
   pdl_wait();  // the partials come from the decode grid
   pdl_launch_dependents();
 
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int token_item = static_cast<int>(item / per_token);
-    const int rest = static_cast<int>(item - static_cast<int64_t>(token_item) * per_token);
-    const int h = rest % p.num_heads, chunk = rest / p.num_heads;
-    const int c = chunk * (kL / chunks) + 4 * lane_in_group;
-
-    // Rows of this (token, head): split s at row + s * stride.
-    int t, num_splits;
-    int64_t stride, row;
-    if (listed) {
-      const ScheduleToken st = next;
-      if (item + gridDim.x < items) next = p.sched_tokens[(item + gridDim.x) / per_token];
-      t = st.token;
-      num_splits = st.splits;
-      stride = st.stride;
-      row = st.base_row + h;
-    } else {
-      t = token_item;
-      num_splits = p.num_splits;
-      stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;
-      row = static_cast<int64_t>(t) * p.num_heads + h;
-    }
+  for (; item < items; item += gridDim.x) {
+    if (item != static_cast<int>(blockIdx.x)) it = resolve(item);
+    if (it.num_splits < 0) break;
+    const int t = it.t, h = it.h, chunk = it.chunk, c = it.c, num_splits = it.num_splits;
+    const int64_t stride = it.stride, row = it.row;
     const float* acc_base = p.partial_acc + row * kL + c;
 
     // ---- the group's first batch of acc vectors: in flight while warp 0 finds the weights ----
@@ -212,8 +223,10 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaS
     cached.store(per_sm, std::memory_order_relaxed);
   }
   const int64_t items = rows * chunks;
+  if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
+  // NOTE: up to kCombineWaves waves of resident CTAs, one item each; the loop takes the rest.
   const int grid = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
+      std::max<int64_t>(1, std::min<int64_t>(items, int64_t{kCombineWaves} * sm_count * per_sm)));
   return launch(&combine_kernel<Out>, dim3(grid), dim3(threads), 0, stream, pdl, params, chunks);
 }
 

@@ -8,7 +8,8 @@
 //           segments x rows gives its first partial row, and of the tokens the combine merges
 //           (those of requests without exactly one segment) their place on its list; each part
 //           records its first request;
-//   pass 3: the request records and the combine's list, in token order.
+//   pass 3: the request records and the combine's list, in token order, ended by records of
+//           splits -1.
 // Everything is a function of seq_lens and the query lengths: the same plan serves every layer.
 #include <cub/block/block_scan.cuh>
 
@@ -145,9 +146,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   for (int k = threadIdx.x; k < parts; k += kThreads) out.part_first[k] = part_first[k];
-  if (threadIdx.x == 0) {
-    *out.part_blocks = per;
-    *out.token_count = min(list_total, p.num_tokens);  // inconsistent cum_seq_lens_q: bounded
+  if (threadIdx.x == 0) *out.part_blocks = per;
+  for (int k = list_total + threadIdx.x; k < p.num_tokens; k += kThreads) {
+    out.tokens[k] = ScheduleToken{0, 0, -1, 0};  // past the list: the combine stops here
   }
 }
 

@@ -12,7 +12,6 @@ namespace mla::sm90::v2 {
 struct ScheduleOutputs {
   ScheduleRequest* requests = nullptr;  // [B]
   ScheduleToken* tokens = nullptr;      // [T] the combine's list
-  int32_t* token_count = nullptr;       // [1]
   int32_t* part_first = nullptr;        // [num_parts]
   int32_t* part_blocks = nullptr;       // [1]
 };
