@@ -797,9 +797,9 @@ std::vector<Case> schedule_cases() {
   c.q_dtype = c.kv_dtype = c.out_dtype = kBf16;
   c.mask = Mask::kU32;
   add(c);
-  // Every request one segment (300 one-block requests, 10 per part on 132 SMs): the combine's
-  // one-split path with every output option; seq_len 1 leaves token 0's rows (tiles 0 and 1)
-  // without a key, seq_len 0 leaves a request without any.
+  // Every request one segment (300 one-block requests, 10 per part on 132 SMs): out and lse from
+  // v2 itself with every output option; seq_len 1 leaves token 0's rows (tiles 0 and 1) without a
+  // key, seq_len 0 leaves a request without any (the combine's only token).
   c = Case();
   c.B = 300;
   c.H = 128;
