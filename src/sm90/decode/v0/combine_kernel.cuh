@@ -29,7 +29,7 @@ namespace mla::sm90::v0 {
 inline constexpr int kCombineMaxThreads = 512;
 inline constexpr int kCombineBatch = 8;  // acc vectors in flight per thread
 inline constexpr int kCombineL = 512;
-inline constexpr int kCombineWaves = 4;  // most CTAs launched: this many times the resident ones
+inline constexpr int kCombineWaves = 2;  // most CTAs launched: this many times the resident ones
 
 template <Elem Out>
 // NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
