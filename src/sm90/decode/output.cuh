@@ -84,6 +84,31 @@ __device__ __forceinline__ void store_out8(const DecodeKernelParams& p, int64_t 
   }
 }
 
+// Global token t and head h of query row `row` (token * H + head) of a request whose first token
+// is token0; false for a token outside [0, T) (inconsistent cum_seq_lens_q: nothing is written).
+__device__ __forceinline__ bool row_token(const DecodeKernelParams& p, int row, int token0, int& t,
+                                          int& h) {
+  const int i = row / p.num_heads;
+  h = row - i * p.num_heads;
+  t = token0 + i;
+  return t >= 0 && t < p.num_tokens;
+}
+
+// A row a decode kernel finishes itself (its only split): writes its lse and returns where its out
+// row starts (-1: not written) and what its O is multiplied by. m in natural-log units.
+struct RowTarget {
+  int64_t offset;
+  float scale;
+};
+__device__ __forceinline__ RowTarget finish_row(const DecodeKernelParams& p, int row, int token0,
+                                                float m, float z) {
+  int t, h;
+  if (!row_token(p, row, token0, t, h)) return RowTarget{-1, 0.0f};
+  const RowOutput r = row_output(p, h, m, z);
+  if (p.lse != nullptr) p.lse[lse_offset(p, t, h)] = r.lse;
+  return RowTarget{out_offset(p, t, h), r.scale};
+}
+
 // out 0 and lse -inf for query rows [row0, row0 + rows) of a request whose first token is token0
 // (rows that attend no key); threads tid, tid + nthreads, ... of the caller share the stores.
 __device__ __forceinline__ void store_empty_rows(const DecodeKernelParams& p, int row0, int rows,
@@ -91,9 +116,8 @@ __device__ __forceinline__ void store_empty_rows(const DecodeKernelParams& p, in
   constexpr int kPieces = 512 / 8;  // 8-value pieces per row of out
   for (int e = tid; e < rows * kPieces; e += nthreads) {
     const int r = e / kPieces, piece = e - r * kPieces;
-    const int i = (row0 + r) / p.num_heads, h = row0 + r - i * p.num_heads;
-    const int t = token0 + i;
-    if (t < 0 || t >= p.num_tokens) continue;  // inconsistent cum_seq_lens_q: no write
+    int t, h;
+    if (!row_token(p, row0 + r, token0, t, h)) continue;
     store_out8(p, out_offset(p, t, h) + piece * 8, make_uint4(0, 0, 0, 0));
     if (p.lse != nullptr && piece == 0) p.lse[lse_offset(p, t, h)] = kNegInf;
   }

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
 
   if (w.block_begin >= w.block_end) {  // an empty split
     if (w.whole) {
-      store_empty_rows(p, 0, tile_rows, w.token0, threadIdx.x, Traits::kThreads);
+      store_empty_rows(p, w.row0, tile_rows, w.token0, threadIdx.x, Traits::kThreads);
     } else {
       v2::store_empty_partial(p, partial_row0, tile_rows, threadIdx.x);
     }
@@ -372,18 +372,9 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     const float l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
     if (w.whole) {
       // The call's only split: the combine's normalization (output.cuh) here.
-      const int i = c / p.num_heads, h = c - i * p.num_heads;
-      const int t = w.token0 + i;
-      int64_t o = -1;
-      float scale = 0.0f;
-      if (t >= 0 && t < p.num_tokens) {  // inconsistent cum_seq_lens_q: no write
-        const RowOutput ro = row_output(p, h, m_nat, l);
-        if (p.lse != nullptr) p.lse[lse_offset(p, t, h)] = ro.lse;
-        o = out_offset(p, t, h);
-        scale = ro.scale;
-      }
-      smem.out_row[c] = o;
-      smem.out_scale[c] = scale;
+      const RowTarget target = finish_row(p, w.row0 + c, w.token0, m_nat, l);
+      smem.out_row[c] = target.offset;
+      smem.out_scale[c] = target.scale;
     } else {
       p.partial_max[partial_row0 + c] = m_nat;
       p.partial_sum[partial_row0 + c] = l;

@@ -437,19 +437,13 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           const int r = my_row[s];
-          const int i = (w.row0 + r) / p.num_heads, h = w.row0 + r - i * p.num_heads;
-          const int t = w.token0 + i;
-          int64_t o = -1;
-          float scale = 0.0f;
-          if (row_valid[s] && t >= 0 && t < p.num_tokens) {  // inconsistent cum_seq_lens_q: none
+          RowTarget target{-1, 0.0f};  // padding rows: not written
+          if (row_valid[s]) {
             const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
-            const RowOutput ro = row_output(p, h, m, row_sum[s] + smem.row_sum[r]);
-            if (p.lse != nullptr) p.lse[lse_offset(p, t, h)] = ro.lse;
-            o = out_offset(p, t, h);
-            scale = ro.scale;
+            target = finish_row(p, w.row0 + r, w.token0, m, row_sum[s] + smem.row_sum[r]);
           }
-          smem.out_row[r] = o;
-          smem.out_scale[r] = scale;
+          smem.out_row[r] = target.offset;
+          smem.out_scale[r] = target.scale;
         }
       }
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
