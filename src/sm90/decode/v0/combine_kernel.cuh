@@ -29,7 +29,6 @@ namespace mla::sm90::v0 {
 inline constexpr int kCombineMaxThreads = 512;
 inline constexpr int kCombineBatch = 8;  // acc vectors in flight per thread
 inline constexpr int kCombineL = 512;
-inline constexpr int kCombineWaves = 2;  // most CTAs launched: this many times the resident ones
 
 template <Elem Out>
 // NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
@@ -194,39 +193,62 @@ __global__ void __launch_bounds__(kCombineMaxThreads, 2)
   }
 }
 
-// The CTA shape: enough column chunks that the items cover about two CTAs per SM, then as many
-// split groups as the splits need, kCombineBatch splits each (up to kCombineMaxThreads threads, at
-// least one warp). The grid: at most the CTAs that are resident at once.
+// Resident CTAs per SM of combine_kernel<Out> at `threads` threads (occupancy API, cached).
+template <Elem Out>
+cudaError_t combine_residency(int threads, int& per_sm) {
+  static std::atomic<int> resident[2][kCombineMaxThreads / 32 + 1];  // per out type, per warps
+  std::atomic<int>& cached = resident[Out == Elem::kFp16 ? 1 : 0][(threads + 31) / 32];
+  per_sm = cached.load(std::memory_order_relaxed);
+  if (per_sm != 0) return cudaSuccess;
+  const cudaError_t err =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &combine_kernel<Out>, threads, 0);
+  if (err != cudaSuccess) return err;
+  per_sm = std::max(per_sm, 1);
+  cached.store(per_sm, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+// The CTA shape: column chunks (1, 2, 4, 8) x split groups (kCombineBatch splits in flight each),
+// picked by rounds x round trips per item: rounds = items over the CTAs resident at once, round
+// trips = the group's acc batches + 2 (the item's record and its split maxima, the out store);
+// the cheapest wins, fewer chunks on a tie. The grid: at most one wave of resident CTAs.
+// NOTE: the kernel is latency-bound: a second round of CTAs costs a whole item's chain (~3.5 us at
+// B = 1), more than a second batch of loads (docs/perf-notes.md, Change 16).
 template <Elem Out>
 cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
                            bool pdl) {
   const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
-  int chunks = 1;
-  while (chunks < 8 && rows * chunks < 2 * static_cast<int64_t>(sm_count)) chunks *= 2;
-  const int group_threads = (kCombineL / 4) / chunks;
-  // NOTE: a group keeps kCombineBatch splits in flight; more threads per CTA than that needs cost
-  // resident CTAs, and the kernel is latency-bound (docs/perf-notes.md, Change 10).
-  const int want = (params.num_splits + kCombineBatch - 1) / kCombineBatch;
-  const int groups =
-      std::max(std::min(want, kCombineMaxThreads / group_threads), std::max(1, 32 / group_threads));
-  const int threads = group_threads * groups;
-  // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
-  // that had nothing to do, docs/perf-notes.md, Change 13).
-  static std::atomic<int> resident[2][kCombineMaxThreads / 32 + 1];  // per out type, per warps
-  std::atomic<int>& cached = resident[Out == Elem::kFp16 ? 1 : 0][threads / 32];
-  int per_sm = cached.load(std::memory_order_relaxed);
-  if (per_sm == 0) {
-    const cudaError_t err =
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &combine_kernel<Out>, threads, 0);
-    if (err != cudaSuccess) return err;
-    per_sm = std::max(per_sm, 1);
-    cached.store(per_sm, std::memory_order_relaxed);
+  const int splits = std::max(params.num_splits, 1);
+  int chunks = 1, threads = kCombineL / 4, per_sm = 1;
+  int64_t best = -1;
+  for (int c = 1; c <= 8; c *= 2) {
+    const int group_threads = (kCombineL / 4) / c;
+    const int min_groups = std::max(1, 32 / group_threads);
+    const int max_groups = kCombineMaxThreads / group_threads;
+    const int want =
+        std::clamp((splits + kCombineBatch - 1) / kCombineBatch, min_groups, max_groups);
+    for (int groups = min_groups; groups <= want; ++groups) {
+      int resident = 0;
+      const cudaError_t err = combine_residency<Out>(group_threads * groups, resident);
+      if (err != cudaSuccess) return err;
+      const int64_t wave = static_cast<int64_t>(resident) * sm_count;
+      const int64_t rounds = (rows * c + wave - 1) / wave;
+      const int per_group = (splits + groups - 1) / groups;
+      const int64_t cost = rounds * ((per_group + kCombineBatch - 1) / kCombineBatch + 2);
+      if (best < 0 || cost < best) {
+        best = cost;
+        chunks = c;
+        threads = group_threads * groups;
+        per_sm = resident;
+      }
+    }
   }
   const int64_t items = rows * chunks;
   if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
-  // NOTE: up to kCombineWaves waves of resident CTAs, one item each; the loop takes the rest.
+  // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
+  // that had nothing to do, docs/perf-notes.md, Change 13); the loop takes the items past a wave.
   const int grid = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(items, int64_t{kCombineWaves} * sm_count * per_sm)));
+      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
   return launch(&combine_kernel<Out>, dim3(grid), dim3(threads), 0, stream, pdl, params, chunks);
 }
 

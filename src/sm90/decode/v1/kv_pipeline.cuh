@@ -94,6 +94,12 @@ struct PartCursor {
       // holds exactly the tokens of the other requests.
       w.whole = (r.pos + r.blocks - 1) / per == r.pos / per;
       partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;
+      // NOTE: the next call reads the next record (and its seq_lens entry) after this segment's
+      // blocks; fetched now, the read after a CTA's last segment is an L2 hit, not a DRAM miss.
+      if (b < p.batch) {
+        prefetch_l2_keep(&p.sched_requests[b]);
+        prefetch_l2_keep(&p.seq_lens[b]);
+      }
       return true;
     }
     return false;
