@@ -26,6 +26,17 @@ namespace mla::sm90 {
 
 inline constexpr float kNegInf = -__builtin_huge_valf();
 
+// The kernel's shared-memory plan at the first 1 KB boundary of its dynamic shared memory (only
+// 16-byte aligned; the launch adds 1 KB of slack).
+// NOTE: the plan is `raw` plus an offset, not a rounded generic address: derived from the
+// __shared__ array, its accesses compile to shared loads and stores (LDS/STS). A rounded integer
+// address loses the address space and every access becomes a generic LD/ST.
+template <typename Plan>
+__device__ __forceinline__ Plan& shared_plan(uint8_t* raw) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  return *reinterpret_cast<Plan*>(raw + ((1024u - (addr & 1023u)) & 1023u));
+}
+
 template <Elem E>
 struct ElemTraits;
 template <>

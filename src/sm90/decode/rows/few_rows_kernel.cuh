@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   constexpr int kCols = Traits::kColsPerThread;
 
   extern __shared__ uint8_t smem_raw[];
-  Plan& smem = *reinterpret_cast<Plan*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                        ~static_cast<uintptr_t>(1023));
+  Plan& smem = shared_plan<Plan>(smem_raw);
 
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
