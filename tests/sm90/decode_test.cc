@@ -831,6 +831,66 @@ std::vector<Case> schedule_cases() {
   return cases;
 }
 
+// v2's direct split (a call of one request): many runs per tile (partials for the combine) and
+// one (out and lse from the decode kernel); runs without a block (seq_len shorter than the
+// block_tables capacity, and 0); causal and custom masks, ragged queries, sinks, lse off, scale
+// tensors, skip-softmax, fp16, page sizes and out strides without 16-byte stores.
+std::vector<Case> direct_split_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.B = 1;
+    c.seed = 3200 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  Case c;
+  c.H = 128;
+  c.page_size = 64;
+  c.seq_lens = {100};  // 4 blocks of capacity: 4 runs, two of them without a block
+  add(c);
+  c.seq_lens = {0};  // 2 runs, neither with a key: out 0, lse -inf
+  add(c);
+  c.seq_lens = {20};  // one block of capacity: one run, out and lse from the decode kernel
+  c.page_size = 16;
+  c.sinks = true;
+  add(c);
+  c.seq_lens = {5000};  // one tile, one run per block of capacity (80)
+  c.H = 64;
+  c.page_size = 32;
+  add(c);
+  c = Case();  // 32 tiles of 4 runs, causal rows
+  c.H = 128;
+  c.q_len = 16;
+  c.page_size = 64;
+  c.seq_lens = {3000};
+  add(c);
+  c = Case();  // 6 tiles, a custom mask, fp16
+  c.H = 128;
+  c.q_len = 3;
+  c.page_size = 16;
+  c.seq_lens = {2000};
+  c.mask = Mask::kU32;
+  c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+  add(c);
+  c = Case();  // ragged (160 rows: 3 tiles), no lse
+  c.H = 32;
+  c.ragged_q_lens = {5};
+  c.seq_lens = {4000};
+  c.page_size = 128;
+  c.lse = false;
+  add(c);
+  c = Case();  // a long request: scale tensors, skip-softmax, page 256, out without 16-byte stores
+  c.H = 128;
+  c.q_len = 2;
+  c.page_size = 256;
+  c.seq_lens = {20000};
+  c.scale_tensors = true;
+  c.skip = 1e-30f;
+  c.out_odd = true;
+  add(c);
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Schedule, Sm90Decode, ::testing::ValuesIn(schedule_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
@@ -840,6 +900,8 @@ INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),
+                         param_name);
 
 // ---- Empty batches ----------------------------------------------------------------------------
 
@@ -928,18 +990,19 @@ TEST(Sm90DecodeIndices, CheckedModePassesGoodInput) {
 
 // ---- Graphs, PDL, determinism -----------------------------------------------------------------
 
-// plan + run captured once, replayed with new data and new seq_lens of the same shapes; H 64 runs
-// the 64-row kernel, H 8 the few-rows kernel.
-class Sm90DecodeGraph : public ::testing::TestWithParam<int> {};
+// plan + run captured once, replayed with new data and new seq_lens of the same shapes; (batch,
+// heads): (3, 64) runs the 64-row kernel, (3, 8) the few-rows kernel, (1, 128) the direct split.
+class Sm90DecodeGraph : public ::testing::TestWithParam<std::pair<int, int>> {};
 
 TEST_P(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   SKIP_WITHOUT_HOPPER();
   Case c;
-  c.B = 3;
-  c.H = GetParam();
+  c.B = GetParam().first;
+  c.H = GetParam().second;
   c.q_len = 2;
   c.page_size = 16;
   c.seq_lens = {1000, 37, 3};  // 63 + 3 + 1 pages, the longest 63
+  c.seq_lens.resize(c.B);
   c.sinks = true;
   c.scale_tensors = true;
   c = deepseek(c);
@@ -965,6 +1028,7 @@ TEST_P(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   // Same page counts (63 + 3 + 1, longest 63), other lengths, data and scales.
   Case next = c;
   next.seq_lens = {995, 48, 1};
+  next.seq_lens.resize(c.B);
   next.seed = c.seed + 1;
   next.bmm1 = 0.05;
   next.bmm2 = 2.0;
@@ -980,7 +1044,8 @@ TEST_P(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
   cudaStreamDestroy(stream);
 }
 
-INSTANTIATE_TEST_SUITE_P(Heads, Sm90DecodeGraph, ::testing::Values(64, 8));
+INSTANTIATE_TEST_SUITE_P(BatchHeads, Sm90DecodeGraph,
+                         ::testing::Values(std::pair{3, 64}, std::pair{3, 8}, std::pair{1, 128}));
 
 // H 128 x 3 tokens: the 64-row kernel; H 16 x 2 tokens: the few-rows kernel.
 class Sm90DecodeDeterminism : public ::testing::TestWithParam<std::pair<int, int>> {};

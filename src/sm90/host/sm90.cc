@@ -189,6 +189,17 @@ bool v2_shape_ok(const Problem& p) {
   return positions < INT32_MAX / 2 && rows < INT32_MAX;
 }
 
+// v2's direct split: a call of one request runs split_count() equal runs of its blocks per
+// query-row tile in the uniform layout, without the plan kernel (docs/sm90-v2.md).
+// MLA_SM90_DIRECT=0 keeps such calls on the balanced schedule (comparisons).
+bool v2_direct(const Problem& p) {
+  static const bool disabled = [] {
+    const char* v = std::getenv("MLA_SM90_DIRECT");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return !disabled && p.batch == 1 && v2_shape_ok(p);
+}
+
 // Upper bound of the splits per query token, from shapes and the SM count only.
 // v0: enough CTAs for two waves, at least kMinKeysPerSplit keys per split, at most kV0MaxSplits.
 // v1 (one CTA per SM): as many splits as fit one wave of (tile, request) CTAs, at least one 64-key
@@ -222,6 +233,7 @@ struct Layout {
   int64_t splits = 1;
   int64_t rows = 0;        // partial rows
   bool scheduled = false;  // v2's route: plan() writes the schedule
+  bool direct = false;     // v2's direct split (uniform layout, no schedule)
   int64_t parts = 0;
   int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
   int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
@@ -233,7 +245,8 @@ Layout layout_of(const Problem& p) {
   if (p.batch == 0) return l;
   l.splits = split_count(p);
   int64_t rows = l.splits * p.num_tokens * p.num_heads;
-  l.scheduled = p.num_tokens > 0 && v2_shape_ok(p);
+  l.direct = p.num_tokens > 0 && v2_direct(p);
+  l.scheduled = p.num_tokens > 0 && v2_shape_ok(p) && !l.direct;
   if (l.scheduled) {
     l.parts = schedule_parts(p);
     rows = std::max(rows, (p.num_tokens + (l.parts - 1) * p.max_q_len) * p.num_heads);
@@ -496,7 +509,7 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
   const bool aligned =
       reinterpret_cast<uintptr_t>(k.query) % 16 == 0 && reinterpret_cast<uintptr_t>(k.kv) % 16 == 0;
   if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned &&
-      (rows_shape_ok(p) || layout.scheduled)) {
+      (rows_shape_ok(p) || layout.scheduled || layout.direct)) {
     CUtensorMap kv_map;
     if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       // NOTE: with at most 32 query rows per request, v2's 64-row tiles are mostly padding and
@@ -510,10 +523,15 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
         return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
                                 : rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
       }
-      schedule_view(layout, workspace, p.batch, k);
+      if (layout.direct) {
+        k.direct_out = k.num_splits == 1 ? 1 : 0;  // one run: out and lse without a combine
+      } else {
+        schedule_view(layout, workspace, p.batch, k);
+      }
       const int tiles = static_cast<int>(v1_tiles(p));
-      return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, stream, pdl)
-                              : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, stream, pdl);
+      return q == Elem::kBf16
+                 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct, stream, pdl)
+                 : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct, stream, pdl);
     }
   }
   if (q == Elem::kBf16 && kv == Elem::kBf16) {

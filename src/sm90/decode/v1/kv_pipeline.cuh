@@ -106,6 +106,39 @@ struct PartCursor {
   }
 };
 
+// The one segment of a CTA of v2's direct split (a call of one request; no plan kernel): request 0,
+// query-row tile blockIdx.x, run blockIdx.y of gridDim.y equal runs of the tile's 64-key blocks
+// (possibly empty). Run s writes partial rows [s, T, H] (the uniform layout), or, with
+// p.direct_out (one run), out and lse.
+struct SplitCursor {
+  bool done;
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams&) { done = false; }
+
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
+                                       int64_t& partial_row0) {
+    if (done) return false;
+    done = true;
+    w.b = 0;
+    if (p.cum_seq_lens_q != nullptr) {
+      w.token0 = p.cum_seq_lens_q[0];
+      w.n = p.cum_seq_lens_q[1] - w.token0;
+    } else {
+      w.token0 = 0;
+      w.n = p.q_len;
+    }
+    w.rows = w.n * p.num_heads;
+    w.row0 = blockIdx.x * kTileRows;
+    if (w.row0 >= w.rows) return false;  // a tile past a ragged request's rows: nothing to do
+    const int64_t blocks = resolve_extent(p, w), runs = gridDim.y, run = blockIdx.y;
+    w.block_begin = static_cast<int>(blocks * run / runs);
+    w.block_end = static_cast<int>(blocks * (run + 1) / runs);
+    w.whole = p.direct_out != 0;
+    partial_row0 = (run * p.num_tokens + w.token0) * p.num_heads + w.row0;
+    return true;
+  }
+};
+
 // Which keys one query row attends: j < limit, and with a custom mask, j < first_query or the
 // mask bit (j - first_query) of the row.
 struct RowRule {

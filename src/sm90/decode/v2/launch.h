@@ -10,9 +10,11 @@ namespace mla::sm90::v2 {
 
 // Computes the partials of every (split, token, head) as v1 did (same grid,
 // tiles of 64 query rows, workspace layout and kv_cache tensor map); one explicit instantiation
-// per supported element type (query and kv_cache alike).
+// per supported element type (query and kv_cache alike). Grid (num_tiles, params.num_parts) over
+// the balanced schedule, or, with `direct_split` (a call of one request), (num_tiles,
+// params.num_splits) equal runs of the request's blocks in the uniform layout.
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, cudaStream_t stream, bool pdl);
+                          int num_tiles, bool direct_split, cudaStream_t stream, bool pdl);
 
 }  // namespace mla::sm90::v2

@@ -6,6 +6,8 @@
 // run of 64-key blocks of one request each) in order and writes each segment's unnormalized
 // partial (acc, max, sum) of its rows, which v0's combine kernel merges, or, for a request of one
 // segment, its rows of out and lse. The grid is one wave.
+// Direct split (kDirect; a call of one request, no plan kernel): blockIdx.y = run of equal runs
+// of the tile's blocks, one segment per CTA (v1::SplitCursor), partials in the uniform layout.
 //
 // Warpgroup roles (384 threads):
 //   WG0 producer: v1's producer, one K block (64 keys x 576) per stage of a 2-stage ring.
@@ -25,6 +27,8 @@
 
 #include <cute/tensor.hpp>
 
+#include <type_traits>
+
 #include "sm90/common.cuh"
 #include "sm90/decode/output.cuh"
 #include "sm90/decode/v1/kv_pipeline.cuh"
@@ -43,7 +47,7 @@ using v1::named_barrier_sync;
 
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <Elem E>
+template <Elem E, bool kDirect>
 __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -51,6 +55,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using Traits = SeesawTraits<E>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
+  using Cursor = std::conditional_t<kDirect, v1::SplitCursor, v1::PartCursor>;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kD = Traits::kD;
 
   extern __shared__ uint8_t smem_raw[];
@@ -68,7 +73,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     if (threadIdx.x == 0) {
       v1::prefetch_tensor_map(&kv_map);
       uint32_t used0 = 0, used1 = 0;  // blocks each stage has held (its barriers' phase)
-      v1::PartCursor cursor;
+      Cursor cursor;
       cursor.begin(p);
       v1::TileWork w;
       int64_t partial_row0;
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
   uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
-  v1::PartCursor cursor;
+  Cursor cursor;
   cursor.begin(p);
   v1::TileWork w;
   int64_t partial_row0;
@@ -497,13 +502,13 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, cudaStream_t stream, bool pdl) {
+                          int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &seesaw_kernel<E>;
+  auto* kernel = direct_split ? &seesaw_kernel<E, true> : &seesaw_kernel<E, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(num_tiles, params.num_parts);
+  const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
 }
 
