@@ -12,13 +12,15 @@
 //            part [1] int32
 // with N partial rows: S x T x H in the uniform layout [S, T, H] (S = split_count below) of v0
 // and the few-rows kernel, at most T x H + (parts - 1) x max_q_len x H for v2's segments (Layout);
-// T query tokens, H heads, L = 512. plan() writes v2's schedule; run() reads it.
+// T query tokens, H heads, L = 512. plan() writes v2's schedule; run() reads it. v2's direct split
+// (one request) uses the uniform layout with S = split_count() runs and no schedule.
 //
 // Kernel routing (docs/sm90-v1.md, docs/sm90-v2.md, docs/sm90-small-rows.md): the TMA + wgmma
 // kernels take dense-mode bf16/bf16 and fp16/fp16 calls with page_size >= 16 and 16-byte-aligned
 // query and kv_cache strides and addresses: the few-rows kernel (keys as the GEMM M, 16 or 32
 // padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA, one wave of
-// CTAs over the balanced schedule that plan() writes) otherwise;
+// CTAs over the balanced schedule that plan() writes; for a call of one request, the direct split:
+// equal runs of the request's blocks, no schedule) otherwise;
 // everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
 // MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
 // comparisons. All write the same partials, merged by v0's combine kernel, except where a row has
