@@ -841,7 +841,6 @@ std::vector<Case> direct_split_cases() {
     c.B = 1;
     c.seed = 3200 + cases.size();
     cases.push_back(deepseek(c));
-    return &cases.back();
   };
   Case c;
   c.H = 128;
