@@ -33,17 +33,22 @@ __device__ __forceinline__ int resolve_extent(const DecodeKernelParams& p, TileW
   return (w.extent + kBlockKeys - 1) / kBlockKeys;
 }
 
-__device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
-  TileWork w;
-  w.b = blockIdx.y;
+// Request b's query tokens: w.b, w.token0, w.n and w.rows.
+__device__ __forceinline__ void resolve_request(const DecodeKernelParams& p, int b, TileWork& w) {
+  w.b = b;
   if (p.cum_seq_lens_q != nullptr) {
-    w.token0 = p.cum_seq_lens_q[w.b];
-    w.n = p.cum_seq_lens_q[w.b + 1] - w.token0;
+    w.token0 = p.cum_seq_lens_q[b];
+    w.n = p.cum_seq_lens_q[b + 1] - w.token0;
   } else {
-    w.token0 = w.b * p.q_len;
+    w.token0 = b * p.q_len;
     w.n = p.q_len;
   }
   w.rows = w.n * p.num_heads;
+}
+
+__device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
+  TileWork w;
+  resolve_request(p, blockIdx.y, w);
   w.row0 = blockIdx.x * kTileRows;
   const int num_blocks = resolve_extent(p, w);
   const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
@@ -119,15 +124,7 @@ struct SplitCursor {
                                        int64_t& partial_row0) {
     if (done) return false;
     done = true;
-    w.b = 0;
-    if (p.cum_seq_lens_q != nullptr) {
-      w.token0 = p.cum_seq_lens_q[0];
-      w.n = p.cum_seq_lens_q[1] - w.token0;
-    } else {
-      w.token0 = 0;
-      w.n = p.q_len;
-    }
-    w.rows = w.n * p.num_heads;
+    resolve_request(p, 0, w);
     w.row0 = blockIdx.x * kTileRows;
     if (w.row0 >= w.rows) return false;  // a tile past a ragged request's rows: nothing to do
     const int64_t blocks = resolve_extent(p, w), runs = gridDim.y, run = blockIdx.y;
