@@ -96,22 +96,10 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
 
-  // Query tile into shared memory (16-byte vectors; padding rows 0).
+  // Query tile into shared memory (padding rows 0).
   {
-    const auto* q = static_cast<const uint4*>(p.query);
-    constexpr int kVecs = Traits::kD / 8;  // per row
-    for (int e = ctid; e < kRows * kVecs; e += Traits::kConsumerThreads) {
-      const int r = e / kVecs, v = e - r * kVecs;
-      uint4 value = make_uint4(0, 0, 0, 0);
-      if (r < tile_rows) {
-        const int i = r / p.num_heads, h = r - i * p.num_heads;
-        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-        const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
-        value = __ldg(q + elem / 8);
-      }
-      *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem.q) +
-                                v1::swizzled_offset(r, v * 8, kRows)) = value;
-    }
+    v1::load_query_tile<kRows, Traits::kConsumerThreads>(p, w, tile_rows,
+                                                         reinterpret_cast<uint8_t*>(smem.q), ctid);
     fence_proxy_async_smem();
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   }

@@ -157,4 +157,37 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
          ((c & 7) << 1);
 }
 
+// The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
+// sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid, every load
+// in flight before the first store. The caller fences and syncs.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_query_tile(const DecodeKernelParams& p, const TileWork& w,
+                                                int tile_rows, uint8_t* dst, int tid) {
+  const auto* q = static_cast<const uint4*>(p.query);
+  constexpr int kVecs = 576 / 8;  // per row
+  constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
+  uint4 value[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    value[k] = make_uint4(0, 0, 0, 0);
+    if (r < tile_rows) {
+      const int row = w.row0 + r;
+      const int i = row / p.num_heads, h = row - i * p.num_heads;
+      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+      const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
+      value[k] = __ldg(q + elem / 8);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    if (kRows * kVecs % kThreads == 0 || r < kRows) {
+      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
+    }
+  }
+}
+
 }  // namespace mla::sm90::v1

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kDirect, v1::SplitCursor, v1::PartCursor>;
-  constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kD = Traits::kD;
+  constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
 
   extern __shared__ uint8_t smem_raw[];
   Plan& smem = shared_plan<Plan>(smem_raw);
@@ -133,34 +133,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       continue;
     }
 
-    // Query tile into shared memory (16-byte vectors; padding rows 0), every load in flight at
-    // once. The previous segment's GEMMs are complete: both consumers passed its final barrier.
+    // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
+    // both consumers passed its final barrier.
     {
-      const auto* q = static_cast<const uint4*>(p.query);
-      constexpr int kVecs = kD / 8;  // per row
-      constexpr int kPerThread = kRows * kVecs / Traits::kConsumerThreads;
-      static_assert(kRows * kVecs % Traits::kConsumerThreads == 0, "whole rounds of loads");
-      uint4 value[kPerThread];
-#pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const int e = ctid + k * Traits::kConsumerThreads;
-        const int r = e / kVecs, v = e - r * kVecs;
-        value[k] = make_uint4(0, 0, 0, 0);
-        if (r < tile_rows) {
-          const int row = w.row0 + r;
-          const int i = row / p.num_heads, h = row - i * p.num_heads;
-          const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-          const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
-          value[k] = __ldg(q + elem / 8);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const int e = ctid + k * Traits::kConsumerThreads;
-        const int r = e / kVecs, v = e - r * kVecs;
-        *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem.q) +
-                                  v1::swizzled_offset(r, v * 8, kRows)) = value[k];
-      }
+      v1::load_query_tile<kRows, Traits::kConsumerThreads>(
+          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), ctid);
       fence_proxy_async_smem();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
