@@ -26,12 +26,19 @@ __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemory
   __syncthreads();
 }
 
+struct NoHook {
+  __device__ void operator()() const {}
+};
+
 // C = A B over a K block whose 64-column chunks land one by one: each chunk's k steps are issued
 // once its full barrier (`full[c]`, phase `phase`) has completed; waits for the result. A and B are
-// the GEMM's fragments over the block's k steps (kChunks x 4 each).
-template <typename Traits, typename Mma, typename FragA, typename FragB, typename Accum>
+// the GEMM's fragments over the block's k steps (kChunks x 4 each). `after_first_chunk` runs once
+// the first chunk's k steps are issued (they are not committed yet).
+template <typename Traits, typename Mma, typename FragA, typename FragB, typename Accum,
+          typename Hook = NoHook>
 __device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const FragB& b, Accum& c,
-                                             uint64_t* full, uint32_t phase) {
+                                             uint64_t* full, uint32_t phase,
+                                             Hook after_first_chunk = {}) {
   constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
   static_assert(decltype(cute::size<2>(a))::value == Traits::kChunks * kStepsPerChunk, "k steps");
   cute::warpgroup_fence_operand(c);
@@ -44,6 +51,7 @@ __device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const Fra
     }
     cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);
     mma.accumulate_ = cute::GMMA::ScaleOut::One;
+    if (k == kStepsPerChunk - 1) after_first_chunk();
   }
   cute::warpgroup_commit_batch();
   cute::warpgroup_wait<0>();

@@ -200,6 +200,9 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       if (lane == 0) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
     };
 
+    // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
+    // released); warpgroup-uniform.
+    bool deferred = false;
     const int num_blocks = w.block_end - w.block_begin;
     for (int round = 0; 2 * round < num_blocks; ++round) {
       const int par = round & 1;
@@ -217,7 +220,14 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         // whole block, each 64-column chunk issued as it lands ----
         Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_B(sK);
-        chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase);
+        chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
+          // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
+          warpgroup_commit_batch();
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tOrO);
+          if (deferred) release(1);
+          deferred = false;
+        });
       }
 
       if (cw == 1) {
@@ -229,6 +239,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           a_in[s] = smem.scale[par][0][my_row[s]];
           row_sum[s] *= a_in[s];
         }
+        warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+        warpgroup_fence_operand(tOrO);
         rescale_o(a_in);
         pv_gemm(0);
       } else {
@@ -393,14 +405,30 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         pv_gemm(1);
       }
       // Drain this round's last P V: the stage it read goes back to the producer.
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (cw == 0) {
-        if (has_odd) release(1);
-      } else {
-        release(mine ? 1 : 0);
+      // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
+      // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes back
+      // after that chunk's k steps are issued (the hook above). Where the chunk has not landed,
+      // waiting for it first would hold stage 1 back.
+      if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
+        // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
+        // warp-uniform branch (else it serializes every wgmma: C7520).
+        deferred = __all_sync(0xffffffffu,
+                              named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
+                                                v1::mbar_test(&smem.full[0][0], uses[0] & 1)));
+      }
+      if (!deferred) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (cw == 0) {
+          if (has_odd) release(1);
+        } else {
+          release(mine ? 1 : 0);
+        }
       }
     }
+
+    warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+    warpgroup_fence_operand(tOrO);
 
     // ---- row sums over both consumers ----
 #pragma unroll

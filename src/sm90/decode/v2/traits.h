@@ -45,6 +45,7 @@ enum class NamedBarrier : uint32_t {
   kLocalSecond = 5,
   kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
   kVoteSecond = 7,
+  kDeferFirst = 8,  // consumer warpgroup 0: the next round's first chunk has landed (vote)
 };
 
 template <Elem E>
