@@ -75,15 +75,17 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     }
     return;
   }
-  v2::init_ring_barriers<Traits>(smem);
+  const int issuers = v2::producer_issuers<Traits>(p);
+  v2::init_ring_barriers<Traits>(smem, issuers);
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    // ---- producer warpgroup ----
+    // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     v1::regs_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    const int piece = threadIdx.x / 32;
+    if (piece < issuers && threadIdx.x % 32 == 0) {
       v1::prefetch_tensor_map(&kv_map);
-      v2::produce_chunks<Traits>(p, w, &kv_map, smem);
+      v2::produce_chunks<Traits>(p, w, &kv_map, smem, piece);
     }
     return;
   }

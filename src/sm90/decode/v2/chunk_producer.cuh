@@ -11,13 +11,24 @@
 
 namespace mla::sm90::v2 {
 
-// The ring's barriers: one full barrier per chunk of each stage (the producer's transaction
-// count), and per stage one empty barrier per consumer half (one arrive per consumer warp).
+// Producer threads that issue the ring's TMA boxes: one per page piece of a 64-key block (lane 0
+// of producer warps 0 .. n - 1; 4 at page 16, 2 at page 32, 1 from page 64 up), so that small pages
+// do not put 4x the boxes on one thread's dependent issue sequence (docs/perf-notes.md, Change 27).
 template <typename Traits>
-__device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem) {
+__device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
+  static_assert(Traits::kKeys / 16 <= 4, "pages of >= 16 keys: at most one issuer per warp of WG0");
+  return Traits::kKeys / min(Traits::kKeys, p.page_size);
+}
+
+// The ring's barriers: one full barrier per chunk of each stage (one arrival per issuer, with its
+// transaction bytes), and per stage one empty barrier per consumer half (one arrive per consumer
+// warp).
+template <typename Traits>
+__device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
+                                                   int issuers) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
-      for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], 1);
+      for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], issuers);
       v1::mbar_init(&smem.empty_l[s], 128 / 32);
       v1::mbar_init(&smem.empty_r[s], 128 / 32);
     }
@@ -68,16 +79,18 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
   }
 }
 
-// Loads the split's 64-key blocks into the ring, block it into stage it % kStages. Each chunk
-// (64 keys x 64 columns, one TMA box per page) completes its own full barrier, so the S GEMM can
-// start on the first chunk. The V_L chunks are refilled as soon as consumer 0 releases them
-// (empty_l), the V_R chunks and the rope chunk once consumer 1 has too (empty_r).
+// Loads the split's 64-key blocks into the ring, block it into stage it % kStages: this issuer's
+// page piece `piece` (keys piece * page_rows .. + page_rows of every block; see producer_issuers)
+// of every chunk. Each chunk (64 keys x 64 columns, one TMA box per page) completes its own full
+// barrier once every issuer has arrived and its boxes have landed, so the S GEMM can start on the
+// first chunk. The V_L chunks are refilled as soon as consumer 0 releases them (empty_l), the V_R
+// chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
 // barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
 template <typename Traits>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
                                                const CUtensorMap* kv_map,
-                                               typename Traits::SharedMemoryPlan& smem,
+                                               typename Traits::SharedMemoryPlan& smem, int piece,
                                                uint32_t used0 = 0, uint32_t used1 = 0) {
   static_assert(Traits::kStages == 2, "blocks alternate between two stages");
   constexpr int kKeys = Traits::kKeys;
@@ -85,41 +98,33 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   const int page_shift = p.page_shift;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
   const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
+  const int piece_key = piece * page_rows;  // the piece's first key within a block
 
-  // Page ids of a block's pieces; entries past the last needed page are never read.
-  auto load_pages = [&](int block, int(&pages)[4], int& pieces) {
-    const int key0 = block * kKeys;
-    const int valid = min(kKeys, w.extent - key0);
-    pieces = (valid + page_rows - 1) / page_rows;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      pages[q] = q < pieces ? table[(key0 + q * page_rows) >> page_shift] : 0;
-    }
+  // The page id of the block's piece, or false where the piece starts past the extent (never
+  // looked up, never loaded).
+  auto load_page = [&](int block, int& page) {
+    const int key = block * kKeys + piece_key;
+    const bool has = key < w.extent;
+    page = has ? table[key >> page_shift] : 0;
+    return has;
   };
 
-  int pages[4], pieces = 0;
-  load_pages(w.block_begin, pages, pieces);
+  int page = 0;
+  bool has = load_page(w.block_begin, page);
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
     const int stage = it & 1;
     const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
-    int cur[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) cur[q] = pages[q];
-    const int cur_pieces = pieces;
-    if (block + 1 < w.block_end) load_pages(block + 1, pages, pieces);  // ahead of the waits
+    const int cur = page;
+    const bool cur_has = has;
+    if (block + 1 < w.block_end) has = load_page(block + 1, page);  // ahead of the waits
 
-    const int key0 = block * kKeys;
+    const int row_in_page = (block * kKeys + piece_key) & (p.page_size - 1);
     auto load_chunk = [&](int c) {
       uint64_t* bar = &smem.full[stage][c];
-      v1::mbar_arrive_expect_tx(bar, cur_pieces * box_bytes);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (q < cur_pieces) {
-          const int row_in_page = (key0 + q * page_rows) & (p.page_size - 1);
-          typename Traits::T* dst =
-              smem.k[stage] + (c * kKeys + q * page_rows) * Traits::kChunkCols;
-          v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur[q]);
-        }
+      v1::mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
+      if (cur_has) {
+        typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
+        v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur);
       }
     };
     v1::mbar_wait(&smem.empty_l[stage], phase ^ 1);

@@ -10,7 +10,8 @@
 // of the tile's blocks, one segment per CTA (v1::SplitCursor), partials in the uniform layout.
 //
 // Warpgroup roles (384 threads):
-//   WG0 producer: v1's producer, one K block (64 keys x 576) per stage of a 2-stage ring.
+//   WG0 producer: one K block (64 keys x 576) per stage of a 2-stage ring, its TMA boxes issued by
+//     one thread per page piece of a block (chunk_producer.cuh, producer_issuers).
 //   WG1, WG2 consumers: consumer c computes the whole S = Q K^T of every block of parity c (the
 //     split's blocks taken in rounds of two: block 2r to consumer 0, block 2r + 1 to consumer 1),
 //     its softmax against the running max handed over by the other consumer, and writes P into the
@@ -64,13 +65,16 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
-  init_ring_barriers<Traits>(smem);
+  const int issuers = producer_issuers<Traits>(p);
+  init_ring_barriers<Traits>(smem, issuers);
 
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    // ---- producer warpgroup: every segment's blocks through one ring ----
+    // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
+    // page piece q ----
     v1::regs_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x == 0) {
+    const int piece = threadIdx.x / 32;
+    if (piece < issuers && threadIdx.x % 32 == 0) {
       v1::prefetch_tensor_map(&kv_map);
       uint32_t used0 = 0, used1 = 0;  // blocks each stage has held (its barriers' phase)
       Cursor cursor;
@@ -79,7 +83,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       int64_t partial_row0;
       while (cursor.next(p, w, partial_row0)) {
         if (w.block_begin >= w.block_end) continue;
-        produce_chunks<Traits>(p, w, &kv_map, smem, used0, used1);
+        produce_chunks<Traits>(p, w, &kv_map, smem, piece, used0, used1);
         const uint32_t n = w.block_end - w.block_begin;
         used0 += (n + 1) / 2;
         used1 += n / 2;
