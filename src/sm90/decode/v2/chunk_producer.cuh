@@ -100,8 +100,8 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
   const int piece_key = piece * page_rows;  // the piece's first key within a block
 
-  // The page id of the block's piece, or false where the piece starts past the extent (never
-  // looked up, never loaded).
+  // Whether the block has this piece (it starts before the extent), and then its page id; a
+  // piece past the extent is neither looked up nor loaded.
   auto load_page = [&](int block, int& page) {
     const int key = block * kKeys + piece_key;
     const bool has = key < w.extent;
