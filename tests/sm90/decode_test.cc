@@ -565,6 +565,16 @@ std::vector<Case> v1_cases() {
     c.sinks = kv4d;
     add(c);
   }
+  for (const int H : {100, 40}) {
+    Case c;  // padding rows in the last 64-row tile, some sharing a thread with a real row
+    c.B = 3;
+    c.H = H;
+    c.q_len = H == 40 ? 3 : 1;
+    c.page_size = H == 40 ? 16 : 64;
+    c.seq_lens = {1500, 777, 65};
+    if (H == 40) c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+    add(c);
+  }
   return cases;
 }
 

@@ -28,6 +28,7 @@
 
 #include <cute/tensor.hpp>
 
+#include <climits>
 #include <type_traits>
 
 #include "sm90/common.cuh"
@@ -166,6 +167,12 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         rule[s].limit = max(0, w.seq_len - w.n + i + 1);
       }
     }
+    // Blocks that end at or below this key take the softmax without per-score mask and scale.
+    // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and their
+    // O, max and sum are never stored; counting them (limit 0) put every block of a warp with a
+    // padding row on the masked path (H96: +30%, docs/perf-notes.md, Change 30).
+    const int unmasked_limit =
+        min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
 
     const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
     const float skip_threshold =
@@ -256,8 +263,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         // ---- mask; row max over the block (scaled, base 2) ----
         // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
         // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
-        const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
-                              key0 + kKeys <= min(rule[0].limit, rule[1].limit);
+        const bool unmasked =
+            p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
         const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
         float block_max[2] = {kNegInf, kNegInf};
         if (unmasked) {
