@@ -585,7 +585,10 @@ void print_text(const Result& r) {
       "config: backend %s, batch %lld, seq_len %lld%s, heads %lld, q_len %lld, page %lld, "
       "L %d, R %d, dtype %s\n",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
-      c.seq_sd > 0 ? (" (varlen, sd " + std::to_string(c.seq_sd) + ")").c_str() : "",
+      c.seq_sd > 0 ? (" (varlen, sd " + std::to_string(c.seq_sd) + ", drawn mean " +
+                      std::to_string(r.mean_seq_len) + ")")
+                         .c_str()
+                   : "",
       static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
       static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str());
   std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
@@ -662,9 +665,12 @@ int run(const Config& c) {
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const Result& r : results) {
       const Config& k = r.config;
+      // NOTE: a varlen row's drawn lengths have their own mean (the work measured), shown too.
+      const std::string varlen =
+          k.seq_sd > 0 ? " varlen (drawn mean " + std::to_string(r.mean_seq_len) + ")" : "";
       std::printf("| %lld | %lld | %lld%s | %lld | %.1f | %.1f | %.2f | %s |\n",
                   static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
-                  static_cast<long long>(k.seq_len), k.seq_sd > 0 ? " varlen" : "",
+                  static_cast<long long>(k.seq_len), varlen.c_str(),
                   static_cast<long long>(k.heads), r.median_us, r.tflops, r.tbps,
                   r.check.ok ? "ok" : "MISMATCH");
     }
