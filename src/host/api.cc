@@ -80,8 +80,9 @@ void check_workspace(const DecodeParams& params, size_t required) {
                                               << detail::device_str(ws.device));
   MLA_CHECK_ARG(ws.shape[0] <= 1 || ws.strides[0] == 1, ErrorCode::kInvalidArgument,
                 "workspace: expected a contiguous buffer (stride 1), got stride " << ws.strides[0]);
-  MLA_CHECK_ARG(ws.shape[0] >= 0 && static_cast<size_t>(ws.shape[0]) >= required,
-                ErrorCode::kWorkspaceTooSmall,
+  MLA_CHECK_ARG(ws.shape[0] >= 0, ErrorCode::kInvalidArgument,
+                "workspace: expected non-negative sizes, got shape " << detail::shape_str(ws));
+  MLA_CHECK_ARG(static_cast<size_t>(ws.shape[0]) >= required, ErrorCode::kWorkspaceTooSmall,
                 "workspace: expected at least " << required << " bytes (workspace_size), got "
                                                 << ws.shape[0]);
   MLA_CHECK_ARG(ws.shape[0] == 0 || ws.data != nullptr, ErrorCode::kInvalidArgument,

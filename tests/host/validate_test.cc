@@ -1388,6 +1388,12 @@ TEST_F(ValidateTest, WorkspaceTooSmall) {
                 "got " + std::to_string(required - 1)});
 }
 
+TEST_F(ValidateTest, WorkspaceNegativeSize) {
+  p_.workspace.shape[0] = -8;
+  expect_error(ErrorCode::kInvalidArgument, "workspace",
+               {"expected non-negative sizes", "got shape [-8]"});
+}
+
 TEST_F(ValidateTest, WorkspaceAbsentWhenNeeded) {
   const size_t required = mla::workspace_size(p_);
   ASSERT_GT(required, 0u);
