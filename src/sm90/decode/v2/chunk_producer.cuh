@@ -87,7 +87,9 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
 // barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
-template <typename Traits>
+// kEvictFirst: the boxes carry an evict-first L2 policy (v2's direct split, docs/perf-notes.md,
+// Change 35).
+template <typename Traits, bool kEvictFirst = false>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
                                                const CUtensorMap* kv_map,
                                                typename Traits::SharedMemoryPlan& smem, int piece,
@@ -109,6 +111,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
     return has;
   };
 
+  const uint64_t policy = kEvictFirst ? v1::l2_evict_first_policy() : 0;
   int page = 0;
   bool has = load_page(w.block_begin, page);
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
@@ -124,7 +127,11 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
       v1::mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
       if (cur_has) {
         typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
-        v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur);
+        if constexpr (kEvictFirst) {
+          v1::tma_load_3d_hint(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur, policy);
+        } else {
+          v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur);
+        }
       }
     };
     v1::mbar_wait(&smem.empty_l[stage], phase ^ 1);

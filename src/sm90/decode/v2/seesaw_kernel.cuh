@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       int64_t partial_row0;
       while (cursor.next(p, w, partial_row0)) {
         if (w.block_begin >= w.block_end) continue;
-        produce_chunks<Traits>(p, w, &kv_map, smem, piece, used0, used1);
+        produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, used0, used1);
         const uint32_t n = w.block_end - w.block_begin;
         used0 += (n + 1) / 2;
         used1 += n / 2;
