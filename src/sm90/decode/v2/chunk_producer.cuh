@@ -87,8 +87,8 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
 // barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
-// kEvictFirst: the boxes carry an evict-first L2 policy (v2's direct split only: docs/perf-notes.md,
-// Changes 35 and 35b).
+// kEvictFirst: the boxes carry an evict-first L2 policy (v2's direct split only:
+// docs/perf-notes.md, Changes 35 and 35b).
 template <typename Traits, bool kEvictFirst = false>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
                                                const CUtensorMap* kv_map,
