@@ -70,23 +70,16 @@ void check_workspace(const DecodeParams& params, size_t required) {
         "workspace: expected a uint8 tensor of at least " << required << " bytes, got none");
     return;
   }
+  detail::check_tensor(ws, "workspace", params.query.device);
   MLA_CHECK_ARG(ws.ndim == 1, ErrorCode::kInvalidArgument,
                 "workspace: expected rank 1 [bytes], got rank " << ws.ndim);
   MLA_CHECK_ARG(ws.dtype == dtype::kUInt8, ErrorCode::kTypeError,
                 "workspace: expected dtype uint8, got " << detail::dtype_str(ws.dtype));
-  MLA_CHECK_ARG(ws.device == params.query.device, ErrorCode::kDeviceError,
-                "workspace: expected device " << detail::device_str(params.query.device)
-                                              << " (the query's), got "
-                                              << detail::device_str(ws.device));
   MLA_CHECK_ARG(ws.shape[0] <= 1 || ws.strides[0] == 1, ErrorCode::kInvalidArgument,
                 "workspace: expected a contiguous buffer (stride 1), got stride " << ws.strides[0]);
-  MLA_CHECK_ARG(ws.shape[0] >= 0, ErrorCode::kInvalidArgument,
-                "workspace: expected non-negative sizes, got shape " << detail::shape_str(ws));
   MLA_CHECK_ARG(static_cast<size_t>(ws.shape[0]) >= required, ErrorCode::kWorkspaceTooSmall,
                 "workspace: expected at least " << required << " bytes (workspace_size), got "
                                                 << ws.shape[0]);
-  MLA_CHECK_ARG(ws.shape[0] == 0 || ws.data != nullptr, ErrorCode::kInvalidArgument,
-                "workspace: expected a data pointer, got null");
 }
 
 Plan make_plan(const detail::Problem& problem, const DecodeParams& params, size_t ws_bytes) {

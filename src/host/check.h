@@ -74,4 +74,8 @@ inline std::string device_str(Device d) {
   return "device_type " + std::to_string(d.device_type) + ":" + std::to_string(d.device_id);
 }
 
+// Checks shared by every tensor argument: rank within bounds, non-negative sizes and strides,
+// a data pointer when there are elements, and the call's device (validate.cc).
+void check_tensor(const TensorView& t, const char* name, Device device);
+
 }  // namespace mla::detail

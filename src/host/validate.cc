@@ -32,8 +32,8 @@ int64_t numel_sat(const TensorView& t) {
   return n;
 }
 
-// Checks shared by every tensor argument: rank within bounds, non-negative sizes and strides,
-// a data pointer when there are elements, and the call's device.
+}  // namespace
+
 void check_tensor(const TensorView& t, const char* name, Device device) {
   MLA_CHECK_ARG(
       t.ndim >= 0 && t.ndim <= TensorView::kMaxDims, ErrorCode::kInvalidArgument,
@@ -50,6 +50,8 @@ void check_tensor(const TensorView& t, const char* name, Device device) {
                 name << ": expected device " << device_str(device) << " (the query's), got "
                      << device_str(t.device));
 }
+
+namespace {
 
 void check_rank(const TensorView& t, const char* name, int rank, const char* layout) {
   MLA_CHECK_ARG(t.ndim == rank, ErrorCode::kInvalidArgument,
