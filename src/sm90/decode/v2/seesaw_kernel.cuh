@@ -69,7 +69,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const int issuers = producer_issuers<Traits>(p);
   init_ring_barriers<Traits>(smem, issuers);
 
-  const int wg = threadIdx.x / 128;
+  // NOTE: broadcast from lane 0 so that the compiler knows it is warp-uniform: the consumer
+  // index, its stage addresses and the GMMA descriptors then live in uniform registers (from
+  // threadIdx.x alone, ~4 R2UR and the descriptor arithmetic came before every wgmma:
+  // docs/perf-notes.md, Change 36).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
@@ -147,6 +151,9 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
     clear(tOrO);
+    // NOTE: without this fence the direct split's instantiation serializes every wgmma (C7515):
+    // the compiler knows O is zero across the first P V.
+    warpgroup_fence_operand(tOrO);
 
     v1::RowRule rule[2];
     bool row_valid[2];
