@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   const int issuers = v2::producer_issuers<Traits>(p);
   v2::init_ring_barriers<Traits>(smem, issuers);
 
-  const int wg = threadIdx.x / 128;
+  // NOTE: warp-uniform to the compiler, so that stage addresses and GMMA descriptors live in
+  // uniform registers (docs/perf-notes.md, Change 36).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     v1::regs_dealloc<Traits::kProducerRegs>();
