@@ -78,9 +78,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   const int issuers = v2::producer_issuers<Traits>(p);
   v2::init_ring_barriers<Traits>(smem, issuers);
 
-  // NOTE: warp-uniform to the compiler, so that stage addresses and GMMA descriptors live in
-  // uniform registers (docs/perf-notes.md, Change 36).
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
+  // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
+  // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
+  // docs/perf-notes.md, Change 36).
+  const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     v1::regs_dealloc<Traits::kProducerRegs>();

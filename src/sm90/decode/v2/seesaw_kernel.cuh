@@ -69,11 +69,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const int issuers = producer_issuers<Traits>(p);
   init_ring_barriers<Traits>(smem, issuers);
 
-  // NOTE: broadcast from lane 0 so that the compiler knows it is warp-uniform: the consumer
-  // index, its stage addresses and the GMMA descriptors then live in uniform registers (from
-  // threadIdx.x alone, ~4 R2UR and the descriptor arithmetic came before every wgmma:
+  // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
+  // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
+  // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
   // docs/perf-notes.md, Change 36).
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
