@@ -3,7 +3,8 @@
 // One CTA of kThreads threads, each owning a contiguous run of requests:
 //   pass 1: cost of request b = blocks_b + fixed (kScheduleFixedBlocks; 0 without a block); an
 //           exclusive scan gives its position; positions per part are the even share
-//           ceil(total / parts), or a multiple of the longest request's cost up to 10% above it;
+//           ceil(total / parts), or, where every request with a block costs the same, a multiple
+//           of that cost up to 10% above it;
 //   pass 2: the parts a request's blocks fall in give its segment count; a second scan of
 //           segments x rows gives its first partial row, and of the tokens the combine merges
 //           (those of requests without exactly one segment) their place on its list; each part
@@ -12,6 +13,8 @@
 //           splits -1.
 // Everything is a function of seq_lens and the query lengths: the same plan serves every layer.
 #include <cub/block/block_scan.cuh>
+
+#include <climits>
 
 #include "sm90/common.cuh"
 #include "sm90/decode/v2/schedule.h"
@@ -37,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
     typename Scan64::TempStorage wide;
   } scan;
   __shared__ int part_first[kScheduleMaxParts];
-  __shared__ int max_cost;  // the largest request cost
+  __shared__ int max_cost, min_cost;  // the largest and smallest cost of a request with a block
   static_assert(kBlockKeys == 64, "blocks_of divides by 64");
 
   pdl_wait();  // seq_lens may come from the previous grid; the last plan's readers are done
@@ -66,19 +69,28 @@ __global__ void __launch_bounds__(kThreads)
   int pos0 = 0, total = 0;
   Scan(scan.narrow).ExclusiveSum(cost, pos0, total);
   for (int k = threadIdx.x; k < parts; k += kThreads) part_first[k] = batch;
-  if (threadIdx.x == 0) max_cost = 0;
-  __syncthreads();  // part_first and max_cost initialized; the scan storage is reused below
+  if (threadIdx.x == 0) {
+    max_cost = 0;
+    min_cost = INT_MAX;
+  }
+  __syncthreads();  // part_first and the costs initialized; the scan storage is reused below
   for (int b = b_begin; b < b_end; ++b) {
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
-    if (blocks > 0) atomicMax(&max_cost, blocks + fixed);
+    if (blocks > 0) {
+      atomicMax(&max_cost, blocks + fixed);
+      atomicMin(&min_cost, blocks + fixed);
+    }
   }
   __syncthreads();
-  // Positions per part: the even share, or a whole number of the longest request's cost where that
-  // is at most kSlackPercent more. NOTE: with equal lengths the latter cuts only between requests
-  // (no request split, no partial traffic for it); with mixed lengths it is rarely within reach.
+  // Positions per part: the even share, or, where every request with a block costs the same, a
+  // whole number of that cost where that is at most kSlackPercent more: parts are then cut only
+  // between requests (no request split, no partial traffic for it).
+  // NOTE: with mixed lengths a multiple of the longest cost cuts inside requests anyway and only
+  // leaves the last parts short or empty (B64 q2 varlen: 3 of 33 parts, the rest 8% longer;
+  // docs/perf-notes.md, Change 39).
   const int even = max(1, (total + parts - 1) / parts);
   int per = even;
-  if (max_cost > 0) {
+  if (max_cost > 0 && min_cost == max_cost) {
     const int64_t whole = static_cast<int64_t>((even + max_cost - 1) / max_cost) * max_cost;
     if (whole * 100 <= static_cast<int64_t>(even) * (100 + kSlackPercent)) {
       per = static_cast<int>(whole);
