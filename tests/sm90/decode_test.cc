@@ -839,6 +839,22 @@ std::vector<Case> schedule_cases() {
   c.seq_lens[9] = 0;
   c.out_odd = true;
   add(c);
+  // Few splits per token over many tokens: the combine merges several consecutive heads per item;
+  // head counts that leave a token's last item short (37 = 9 x 4 + 1, 102 = 25 x 4 + 2).
+  c = Case();
+  c.B = 64;
+  c.H = 37;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = mixed_lens(c.B, 400, 6);
+  c.sinks = true;
+  add(c);
+  c.H = 102;
+  c.q_len = 2;
+  c.seq_lens = mixed_lens(c.B, 300, 7);
+  c.sinks = false;
+  c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+  add(c);
   return cases;
 }
 
