@@ -7,9 +7,9 @@
 // blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the balanced
 // schedule, where the token's ScheduleToken says; the R rows of an item are consecutive there. The
 // CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 16-byte vector) of each
-// of the item's rows each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA). Rows per
-// item (R > 1 only with one group) put more vectors in flight where a row has few splits. With M
-// = max over splits of the split max m_s (splits without keys excluded):
+// of the item's rows each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA). Rows
+// per item (R > 1 only with one group) put more vectors in flight where a row has few splits. With
+// M = max over splits of the split max m_s (splits without keys excluded):
 //   Z   = sum_s sum_s' * exp(m_s - M),  acc = sum_s acc_s * exp(m_s - M)
 //   out = bmm2_scale * acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
