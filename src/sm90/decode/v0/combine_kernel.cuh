@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
     const int64_t stride = it.stride, row = it.row;
     const float* acc_base = p.partial_acc + row * kL + c;
 
-    // ---- the group's first batch of acc vectors: in flight while warps 0 .. R-1 find the weights
-    // ----
+    // ---- the group's first acc batch: in flight while warps 0 .. R-1 find the weights ----
     float4 a[kCombineBatch];
     auto load_batch = [&](int k0) {
 #pragma unroll
@@ -226,30 +225,28 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
   }
 }
 
-// Resident CTAs per SM of combine_kernel<Out, R> at `threads` threads (occupancy API, cached).
-template <Elem Out, int R>
-cudaError_t combine_residency(int threads, int& per_sm) {
-  static std::atomic<int> resident[kCombineMaxThreads / 32 + 1];  // per warps
-  std::atomic<int>& cached = resident[(threads + 31) / 32];
+// The instantiation of combine_kernel<Out, R> for R = rows_per_item (1, 2 or 4).
+template <Elem Out>
+auto combine_kernel_for(int rows_per_item) {
+  return rows_per_item == 1   ? &combine_kernel<Out, 1>
+         : rows_per_item == 2 ? &combine_kernel<Out, 2>
+                              : &combine_kernel<Out, 4>;
+}
+
+// Resident CTAs per SM of combine_kernel<Out, rows_per_item> at `threads` threads (occupancy
+// API, cached).
+template <Elem Out>
+cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
+  static std::atomic<int> resident[kCombineMaxRows + 1][kCombineMaxThreads / 32 + 1];
+  std::atomic<int>& cached = resident[rows_per_item][(threads + 31) / 32];
   per_sm = cached.load(std::memory_order_relaxed);
   if (per_sm != 0) return cudaSuccess;
-  const cudaError_t err =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &combine_kernel<Out, R>, threads, 0);
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, combine_kernel_for<Out>(rows_per_item), threads, 0);
   if (err != cudaSuccess) return err;
   per_sm = std::max(per_sm, 1);
   cached.store(per_sm, std::memory_order_relaxed);
   return cudaSuccess;
-}
-template <Elem Out>
-cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
-  switch (rows_per_item) {
-    case 1:
-      return combine_residency<Out, 1>(threads, per_sm);
-    case 2:
-      return combine_residency<Out, 2>(threads, per_sm);
-    default:
-      return combine_residency<Out, 4>(threads, per_sm);
-  }
 }
 
 // The CTA shape: column chunks (1, 2, 4, 8) x split groups (kCombineBatch vectors in flight each)
@@ -303,10 +300,8 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaS
   // that had nothing to do, docs/perf-notes.md, Change 13); the loop takes the items past a wave.
   const int grid = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
-  auto* kernel = rows_per_item == 1   ? &combine_kernel<Out, 1>
-                 : rows_per_item == 2 ? &combine_kernel<Out, 2>
-                                      : &combine_kernel<Out, 4>;
-  return launch(kernel, dim3(grid), dim3(threads), 0, stream, pdl, params, chunks);
+  return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,
+                params, chunks);
 }
 
 }  // namespace mla::sm90::v0
