@@ -213,9 +213,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     };
     // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
     // consumer 0; V_R and P for consumer 1) are done.
+    // NOTE: elect.sync, not lane == 0: ptxas re-read the thread index (S2R) before each arrive.
     auto release = [&](int stage) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
+      if (cute::elect_one_sync())
+        mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
     };
 
     // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
