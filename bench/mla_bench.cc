@@ -39,6 +39,7 @@ struct Config {
   int64_t seq_sd = 0;     // > 0: seq lens drawn from N(seq_len, seq_sd), at least q_len ("varlen")
   std::string suite;      // "goals": the Hopper goal table; empty: one configuration
   std::string json_out;   // --json-out FILE: one JSON object per configuration
+  std::string times_out;  // --times-out FILE: every timed iteration, one line each
   bool ceilings = false;  // measure device copy bandwidth and bf16 matmul rate first
   bool pdl = false;       // enable_pdl: programmatic dependent launch between the kernels
 };
@@ -64,6 +65,7 @@ void usage() {
       "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
+      "  --times-out FILE also write every timed iteration to FILE (configuration index, us)\n"
       "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).");
 }
 
@@ -115,6 +117,8 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.suite = value();
     else if (a == "--json-out")
       c.json_out = value();
+    else if (a == "--times-out")
+      c.times_out = value();
     else if (a == "--ceilings")
       c.ceilings = true;
     else if (a == "--pdl")
@@ -320,6 +324,13 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The q-th quantile (0..1) of v, the nearest rank at or above it.
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, rank > 0 ? rank - 1 : 0)];
+}
+
 #ifdef MLA_BENCH_WITH_CUDA
 bool hopper_present() {
   int count = 0;
@@ -486,7 +497,8 @@ struct Result {
   const char* backend = "cpu";
   std::string note;
   int64_t mean_seq_len = 0, max_seq_len = 0;
-  double median_us = 0, min_us = 0, tflops = 0, tbps = 0;
+  double median_us = 0, min_us = 0, p90_us = 0, tflops = 0, tbps = 0;
+  std::vector<double> times_us;  // every timed iteration, in order
   CheckResult check;
 };
 
@@ -551,10 +563,12 @@ Result measure(Config c) {
                            (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype));
   r.median_us = median(times_us);
   r.min_us = *std::min_element(times_us.begin(), times_us.end());
+  r.p90_us = percentile(times_us, 0.9);
   r.tflops = flops / (r.median_us * 1e-6) / 1e12;
   r.tbps = bytes / (r.median_us * 1e-6) / 1e12;
   r.backend = on_cpu ? "cpu" : "sm90";
   r.config = c;
+  r.times_us = std::move(times_us);
   return r;
 }
 
@@ -566,13 +580,14 @@ std::string to_json(const Result& r) {
       "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"seq_sd\": %lld, "
       "\"mean_seq_len\": %lld, \"max_seq_len\": %lld, \"heads\": %lld, \"q_len\": %lld, "
       "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
-      "\"iters\": %d, \"median_us\": %.3f, \"min_us\": %.3f, \"tflops\": %.6f, \"tbps\": %.6f, "
+      "\"iters\": %d, \"median_us\": %.3f, \"min_us\": %.3f, \"p90_us\": %.3f, \"tflops\": %.6f, "
+      "\"tbps\": %.6f, "
       "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"passed\": %s}, \"note\": \"%s\"}",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
       static_cast<long long>(c.seq_sd), static_cast<long long>(r.mean_seq_len),
       static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
-      c.rope_dim, c.dtype.c_str(), c.iters, r.median_us, r.min_us, r.tflops, r.tbps,
+      c.rope_dim, c.dtype.c_str(), c.iters, r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps,
       r.check.requests, r.check.max_abs_diff, r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
@@ -595,9 +610,10 @@ void print_text(const Result& r) {
               r.check.requests,
               r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
               r.check.max_abs_diff);
-  std::printf("time:   median %.1f us, min %.1f us over %d iterations (%s)\n", r.median_us,
-              r.min_us, c.iters,
-              on_cpu ? "wall clock" : "CUDA events around graph replays, L2 flushed");
+  std::printf(
+      "time:   median %.1f us, min %.1f us, 90th percentile %.1f us over %d iterations (%s)\n",
+      r.median_us, r.min_us, r.p90_us, c.iters,
+      on_cpu ? "wall clock" : "CUDA events around graph replays, L2 flushed");
   std::printf("rate:   %.4f TFLOP/s, %.4f TB/s\n", r.tflops, r.tbps);
 }
 
@@ -632,6 +648,15 @@ int run(const Config& c) {
                        "--json-out: cannot open '" + c.json_out + "' for writing");
     }
   }
+  FILE* times_file = nullptr;
+  if (!c.times_out.empty()) {
+    times_file = std::fopen(c.times_out.c_str(), "w");
+    if (times_file == nullptr) {
+      if (json_file != nullptr) std::fclose(json_file);
+      throw mla::Error(mla::ErrorCode::kInvalidArgument,
+                       "--times-out: cannot open '" + c.times_out + "' for writing");
+    }
+  }
   Ceilings ceilings;
   if (c.ceilings || c.suite == "goals") ceilings = measure_ceilings();
   if (!c.suite.empty() && c.suite != "goals") {
@@ -646,6 +671,9 @@ int run(const Config& c) {
     const Result& r = results.back();
     ok = ok && r.check.ok;
     if (json_file != nullptr) std::fprintf(json_file, "%s\n", to_json(r).c_str());
+    for (double t : r.times_us) {
+      if (times_file != nullptr) std::fprintf(times_file, "%zu %.3f\n", results.size() - 1, t);
+    }
     if (c.json) {
       std::printf("%s\n", to_json(r).c_str());
     } else if (c.suite.empty()) {
@@ -654,6 +682,7 @@ int run(const Config& c) {
     std::fflush(stdout);
   }
   if (json_file != nullptr) std::fclose(json_file);
+  if (times_file != nullptr) std::fclose(times_file);
   if (ceilings.measured) {
     std::printf(
         "ceilings: device copy %.2f TB/s (bytes read + written), bf16 matmul %.0f TFLOP/s "
