@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 
 namespace oracle {
 namespace {
@@ -98,51 +101,83 @@ Output reference(const Input& in) {
   result.lse.assign(static_cast<size_t>(T) * H, -std::numeric_limits<double>::infinity());
   result.out_abs.assign(static_cast<size_t>(T) * H * L, 0.0);
 
-  std::vector<double> s;
+  // Query tokens in order: (request, token within it).
+  std::vector<std::pair<int, int>> tokens;
   for (int b = 0; b < in.batch; ++b) {
-    for (int i = 0; i < in.q_lens.at(b); ++i) {
-      const int t = in.first_token(b) + i;
-      const std::vector<int64_t> slots = attended_slots(in, b, i);
-      for (int h = 0; h < H; ++h) {
-        const double* q = &in.query.at((static_cast<size_t>(t) * H + h) * D);
-        double* out = &result.out[(static_cast<size_t>(t) * H + h) * L];
-        double* out_abs = &result.out_abs[(static_cast<size_t>(t) * H + h) * L];
-        if (slots.empty()) continue;  // out = 0, lse = -inf
+    for (int i = 0; i < in.q_lens.at(b); ++i) tokens.emplace_back(b, i);
+  }
 
-        // Pass 1: scores and their maximum.
-        s.assign(slots.size(), 0.0);
-        double s_max = -std::numeric_limits<double>::infinity();
-        for (size_t a = 0; a < slots.size(); ++a) {
-          const double* k = &in.kv.at(static_cast<size_t>(slots[a]) * D);
-          double dot = 0.0;
-          for (int d = 0; d < D; ++d) dot += q[d] * k[d];
-          s[a] = in.bmm1_scale * dot;
-          s_max = std::max(s_max, s[a]);
-        }
+  // One query row (token t, head h) over its attended slots.
+  auto row = [&](int t, int h, const std::vector<int64_t>& slots, std::vector<double>& s) {
+    const double* q = &in.query.at((static_cast<size_t>(t) * H + h) * D);
+    double* out = &result.out[(static_cast<size_t>(t) * H + h) * L];
+    double* out_abs = &result.out_abs[(static_cast<size_t>(t) * H + h) * L];
+    if (slots.empty()) return;  // out = 0, lse = -inf
 
-        // lse over the keys alone (the sink is not part of it).
-        double sum_keys = 0.0;
-        for (double v : s) sum_keys += std::exp(v - s_max);
-        result.lse[static_cast<size_t>(t) * H + h] = s_max + std::log(sum_keys);
+    // Pass 1: scores and their maximum.
+    s.assign(slots.size(), 0.0);
+    double s_max = -std::numeric_limits<double>::infinity();
+    for (size_t a = 0; a < slots.size(); ++a) {
+      const double* k = &in.kv.at(static_cast<size_t>(slots[a]) * D);
+      double dot = 0.0;
+      for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+      s[a] = in.bmm1_scale * dot;
+      s_max = std::max(s_max, s[a]);
+    }
 
-        // Pass 2: probabilities against m (which includes the sink), and the weighted values.
-        const double m = in.has_sinks ? std::max(s_max, in.sinks.at(h)) : s_max;
-        double z = in.has_sinks ? std::exp(in.sinks.at(h) - m) : 0.0;
-        for (double v : s) z += std::exp(v - m);
-        for (size_t a = 0; a < slots.size(); ++a) {
-          const double p = std::exp(s[a] - m) / z;
-          const double* v = &in.kv.at(static_cast<size_t>(slots[a]) * D);
-          for (int l = 0; l < L; ++l) {
-            out[l] += p * v[l];
-            out_abs[l] += p * std::fabs(v[l]);
-          }
-        }
-        for (int l = 0; l < L; ++l) {
-          out[l] *= in.bmm2_scale;
-          out_abs[l] *= std::fabs(in.bmm2_scale);
-        }
+    // lse over the keys alone (the sink is not part of it).
+    double sum_keys = 0.0;
+    for (double v : s) sum_keys += std::exp(v - s_max);
+    result.lse[static_cast<size_t>(t) * H + h] = s_max + std::log(sum_keys);
+
+    // Pass 2: probabilities against m (which includes the sink), and the weighted values.
+    const double m = in.has_sinks ? std::max(s_max, in.sinks.at(h)) : s_max;
+    double z = in.has_sinks ? std::exp(in.sinks.at(h) - m) : 0.0;
+    for (double v : s) z += std::exp(v - m);
+    for (size_t a = 0; a < slots.size(); ++a) {
+      const double p = std::exp(s[a] - m) / z;
+      const double* v = &in.kv.at(static_cast<size_t>(slots[a]) * D);
+      for (int l = 0; l < L; ++l) {
+        out[l] += p * v[l];
+        out_abs[l] += p * std::fabs(v[l]);
       }
     }
+    for (int l = 0; l < L; ++l) {
+      out[l] *= in.bmm2_scale;
+      out_abs[l] *= std::fabs(in.bmm2_scale);
+    }
+  };
+
+  // Rows t * H + h, strided over the threads: each row is computed by one thread from shared
+  // read-only input into its own part of the result, so the values do not depend on the thread
+  // count. An error (a bad block_tables entry, say) is rethrown after the join.
+  const int64_t rows = static_cast<int64_t>(T) * H;
+  const int64_t threads =
+      std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(rows, 1));
+  std::vector<std::exception_ptr> errors(threads);
+  auto work = [&](int64_t first) {
+    try {
+      std::vector<double> s;
+      std::vector<int64_t> slots;
+      int slots_token = -1;
+      for (int64_t r = first; r < rows; r += threads) {
+        const int t = static_cast<int>(r / H), h = static_cast<int>(r % H);
+        if (t != slots_token) {
+          slots = attended_slots(in, tokens[t].first, tokens[t].second);
+          slots_token = t;
+        }
+        row(t, h, slots, s);
+      }
+    } catch (...) {
+      errors[first] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t k = 1; k < threads; ++k) pool.emplace_back(work, k);
+  work(0);
+  for (std::thread& th : pool) th.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
   }
   return result;
 }

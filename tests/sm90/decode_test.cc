@@ -917,7 +917,44 @@ std::vector<Case> direct_split_cases() {
   return cases;
 }
 
+// The contract's extremes: a batch of 1024 with requests of 256K + 1 and 100K + 1 keys among
+// short ones (zeros and single keys included) on the balanced schedule, and one request of
+// 256K + 1 keys on the few-rows kernel's split and on the direct split.
+std::vector<Case> extreme_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 3900 + cases.size();
+    cases.push_back(deepseek(c));
+  };
+  Case c;
+  c.B = 1024;
+  c.H = 64;
+  c.q_len = 1;
+  c.page_size = 64;
+  {
+    mla_test::Rng rng(39);
+    for (int b = 0; b < c.B; ++b) {
+      const int kind = rng.randint(0, 9);
+      c.seq_lens.push_back(kind == 0 ? 0 : kind == 1 ? 1 : rng.randint(2, 256));
+    }
+  }
+  c.seq_lens[0] = 256 * 1024 + 1;
+  c.seq_lens[700] = 100 * 1024 + 1;
+  add(c);
+  c = Case();
+  c.B = 1;
+  c.H = 16;
+  c.page_size = 128;
+  c.seq_lens = {256 * 1024 + 1};
+  add(c);
+  c.H = 40;  // the direct split (H x q_len > 32), one tile with padding rows
+  c.page_size = 256;
+  add(c);
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Decode, ::testing::ValuesIn(shape_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Extremes, Sm90Decode, ::testing::ValuesIn(extreme_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Schedule, Sm90Decode, ::testing::ValuesIn(schedule_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
