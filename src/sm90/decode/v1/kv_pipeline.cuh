@@ -190,4 +190,48 @@ __device__ __forceinline__ void load_query_tile(const DecodeKernelParams& p, con
   }
 }
 
+// load_query_tile with each row's address computed once: threads 0 .. kRows - 1 write row r's
+// first vector (null for a padding row) into `row_ptr` (shared), `sync` makes them visible to all
+// kThreads, then every load is that pointer plus its vector. The per-load (token, head) division
+// and 64-bit stride products of load_query_tile were ~125 instructions per load, ~2 us of issue
+// per segment (docs/perf-notes.md, Change 47).
+template <int kRows, int kThreads, typename Sync>
+__device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
+                                                     int tile_rows, uint8_t* dst,
+                                                     const uint4** row_ptr, int tid, Sync sync) {
+  if (tid < kRows) {
+    const uint4* ptr = nullptr;
+    if (tid < tile_rows) {
+      const int row = w.row0 + tid;
+      const int i = row / p.num_heads, h = row - i * p.num_heads;
+      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+      ptr =
+          static_cast<const uint4*>(p.query) + (w.b * p.q_batch + t * p.q_token + h * p.q_head) / 8;
+    }
+    row_ptr[tid] = ptr;
+  }
+  sync();
+  constexpr int kVecs = 576 / 8;  // per row
+  constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
+  uint4 value[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    value[k] = make_uint4(0, 0, 0, 0);
+    if (kRows * kVecs % kThreads == 0 || r < kRows) {
+      const uint4* src = row_ptr[r];
+      if (src != nullptr) value[k] = __ldg(src + v);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    if (kRows * kVecs % kThreads == 0 || r < kRows) {
+      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
+    }
+  }
+}
+
 }  // namespace mla::sm90::v1

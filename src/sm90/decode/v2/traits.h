@@ -101,6 +101,7 @@ struct SeesawTraits {
     float row_sum[kRows];      // second consumer's row sums at the end
     int64_t out_row[kRows];    // a one-segment request: the row's offset in out (-1: not written)
     float out_scale[kRows];    // and what its O is multiplied by (RowOutput)
+    const uint4* query_row[kRows];    // the query tile's row addresses (null: padding)
     uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
     uint64_t empty_l[kStages];        // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 (V_R, rope / P) consumed: one per consumer-1 warp
