@@ -20,16 +20,27 @@ struct RowOutput {
   float lse;
 };
 
-__device__ __forceinline__ RowOutput row_output(const DecodeKernelParams& p, int h, float m,
-                                                float z) {
+// The same with the call's bmm2 scale and the head's sink logit (-inf: none) already read.
+__device__ __forceinline__ RowOutput row_output(float bmm2_scale, float sink, float m, float z) {
   RowOutput r{0.0f, kNegInf};
   if (z == 0.0f) return r;
   float denom = z;
-  if (p.sinks != nullptr) denom += expf(p.sinks[h * p.sinks_stride] - m);
-  const float bmm2_scale = p.bmm2_scale_ptr != nullptr ? *p.bmm2_scale_ptr : p.bmm2_scale;
+  if (sink != kNegInf) denom += expf(sink - m);
   r.scale = __fdiv_rn(bmm2_scale, denom);
   r.lse = m + logf(z);
   return r;
+}
+
+__device__ __forceinline__ float bmm2_scale_of(const DecodeKernelParams& p) {
+  return p.bmm2_scale_ptr != nullptr ? *p.bmm2_scale_ptr : p.bmm2_scale;
+}
+__device__ __forceinline__ float sink_of(const DecodeKernelParams& p, int h) {
+  return p.sinks != nullptr ? p.sinks[h * p.sinks_stride] : kNegInf;
+}
+
+__device__ __forceinline__ RowOutput row_output(const DecodeKernelParams& p, int h, float m,
+                                                float z) {
+  return row_output(bmm2_scale_of(p), sink_of(p, h), m, z);
 }
 
 // Element offsets of (global token t, head h) in out and lse: dense tensors index (t / q_len,

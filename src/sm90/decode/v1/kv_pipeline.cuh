@@ -194,11 +194,13 @@ __device__ __forceinline__ void load_query_tile(const DecodeKernelParams& p, con
 // first vector (null for a padding row) into `row_ptr` (shared), `sync` makes them visible to all
 // kThreads, then every load is that pointer plus its vector. The per-load (token, head) division
 // and 64-bit stride products of load_query_tile were ~125 instructions per load, ~2 us of issue
-// per segment (docs/perf-notes.md, Change 47).
-template <int kRows, int kThreads, typename Sync>
+// per segment (docs/perf-notes.md, Change 47). `in_flight` runs while the loads are in flight,
+// before any thread stores into `dst` (every thread calls it).
+template <int kRows, int kThreads, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
-                                                     const uint4** row_ptr, int tid, Sync sync) {
+                                                     const uint4** row_ptr, int tid, Sync sync,
+                                                     InFlight in_flight) {
   if (tid < kRows) {
     const uint4* ptr = nullptr;
     if (tid < tile_rows) {
@@ -224,6 +226,7 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
       if (src != nullptr) value[k] = __ldg(src + v);
     }
   }
+  in_flight();
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int e = tid + k * kThreads;

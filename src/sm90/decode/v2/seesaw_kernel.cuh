@@ -49,6 +49,25 @@ using v1::named_barrier_sync;
 
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
+// Where row r (< kRows) of a one-segment request's tile goes: its offsets in out and lse, its
+// head's sink, and the bmm2 scale (the segment's end turns it into the row's out scale).
+template <typename Plan>
+__device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& smem,
+                                            const v1::TileWork& w, int tile_rows, int r) {
+  int64_t out_row = -1, lse_row = -1;
+  float sink = kNegInf;
+  int t, h;
+  if (r < tile_rows && row_token(p, w.row0 + r, w.token0, t, h)) {
+    out_row = out_offset(p, t, h);
+    if (p.lse != nullptr) lse_row = lse_offset(p, t, h);
+    sink = sink_of(p, h);
+  }
+  smem.out_row[r] = out_row;
+  smem.lse_row[r] = lse_row;
+  smem.out_sink[r] = sink;
+  smem.out_scale[r] = bmm2_scale_of(p);
+}
+
 template <Elem E, bool kDirect>
 __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
@@ -127,6 +146,9 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
   uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
+  // A one-segment request's out rows leave the query tile's bytes by bulk copies that threads
+  // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
+  bool out_copies_pending = false;
   Cursor cursor;
   cursor.begin(p);
   v1::TileWork w;
@@ -143,11 +165,21 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     }
 
     // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
-    // both consumers passed its final barrier.
+    // both consumers passed its final barrier. While the loads are in flight, a one-segment
+    // request's rows find their places in out and lse, so that its end is short.
     {
       v1::load_query_tile_rows<kRows, Traits::kConsumerThreads>(
-          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid, [] {
+          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+          [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+          },
+          [&] {
+            if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+            if (out_copies_pending) {
+              if (ctid < kRows) tma_store_wait<0>();
+              named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+              out_copies_pending = false;
+            }
           });
       fence_proxy_async_smem();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -462,20 +494,22 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     if (w.whole) {
       // ---- store_out: the request's only segment, normalized as the combine would (output.cuh),
-      // staged in the query tile (free: this segment's GEMMs are done) and stored 16 bytes at a
-      // time ----
-      if (cw == 0 && (lane & 3) == 0) {
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const int r = my_row[s];
-          RowTarget target{-1, 0.0f};  // padding rows: not written
-          if (row_valid[s]) {
-            const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
-            target = finish_row(p, w.row0 + r, w.token0, m, row_sum[s] + smem.row_sum[r]);
-          }
-          smem.out_row[r] = target.offset;
-          smem.out_scale[r] = target.scale;
+      // staged in the query tile (free: this segment's GEMMs are done), then each row leaves by
+      // one bulk copy (or 16-byte stores where out's layout does not allow it) ----
+      // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed them).
+      if (cw == 0 && (lane & 3) < 2) {
+        const bool second = (lane & 1) != 0;
+        const int r = second ? my_row[1] : my_row[0];
+        const float mx = second ? row_max[1] : row_max[0];
+        const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
+        float scale = 0.0f;  // padding rows and tokens outside [0, T): not written
+        if (smem.out_row[r] >= 0) {
+          const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
+          const RowOutput ro = row_output(smem.out_scale[r], smem.out_sink[r], m, z);
+          if (smem.lse_row[r] >= 0) p.lse[smem.lse_row[r]] = ro.lse;
+          scale = ro.scale;
         }
+        smem.out_scale[r] = scale;
       }
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
       uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
@@ -489,18 +523,33 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
             pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
       }
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
-      for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
-        const int r = e / kPieces, piece = e - r * kPieces;
-        const int64_t o = smem.out_row[r];
-        if (o >= 0) {
-          store_out8(p, o + piece * 8,
-                     *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
+      if (p.out_vec16) {
+        fence_proxy_async_smem();  // the staged rows, for the bulk copies
+        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+        if (ctid < kRows) {
+          const int64_t o = smem.out_row[ctid];
+          if (o >= 0) {
+            SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch,
+                                     static_cast<uint16_t*>(p.out) + o, Traits::kL * 2);
+          }
+          tma_store_arrive();
         }
+        out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
+      } else {
+        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+        constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
+        for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
+          const int r = e / kPieces, piece = e - r * kPieces;
+          const int64_t o = smem.out_row[r];
+          if (o >= 0) {
+            store_out8(
+                p, o + piece * 8,
+                *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
+          }
+        }
+        // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
+        // barrier in load_query_tile_rows.
       }
-      // The staged bytes are the next segment's query tile.
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
       continue;
     }
 
@@ -525,6 +574,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       }
     }
   }  // segments
+  // The shared memory the last out rows are copied from stays until they have been read.
+  if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
 }
 
 template <Elem E>

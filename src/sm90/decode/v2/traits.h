@@ -99,8 +99,13 @@ struct SeesawTraits {
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
     float row_sum[kRows];      // second consumer's row sums at the end
-    int64_t out_row[kRows];    // a one-segment request: the row's offset in out (-1: not written)
-    float out_scale[kRows];    // and what its O is multiplied by (RowOutput)
+    // A one-segment request's rows, set while its query tile loads: offsets in out (-1: not
+    // written) and lse (-1: none), the head's sink logit (-inf: none); out_scale holds the bmm2
+    // scale until the segment's end, then what O is multiplied by (RowOutput).
+    int64_t out_row[kRows];
+    int64_t lse_row[kRows];
+    float out_sink[kRows];
+    float out_scale[kRows];
     const uint4* query_row[kRows];    // the query tile's row addresses (null: padding)
     uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
     uint64_t empty_l[kStages];        // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
