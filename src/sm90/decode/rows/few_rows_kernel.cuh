@@ -104,8 +104,10 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
 
   // Query tile into shared memory (padding rows 0).
   {
-    v1::load_query_tile<kRows, Traits::kConsumerThreads>(p, w, tile_rows,
-                                                         reinterpret_cast<uint8_t*>(smem.q), ctid);
+    v1::load_query_tile_rows<kRows, Traits::kConsumerThreads>(
+        p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+        [] { named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads); },
+        [] {});
     fence_proxy_async_smem();
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   }

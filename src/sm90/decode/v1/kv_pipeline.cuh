@@ -158,44 +158,13 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
 }
 
 // The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
-// sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid, every load
-// in flight before the first store. The caller fences and syncs.
-template <int kRows, int kThreads>
-__device__ __forceinline__ void load_query_tile(const DecodeKernelParams& p, const TileWork& w,
-                                                int tile_rows, uint8_t* dst, int tid) {
-  const auto* q = static_cast<const uint4*>(p.query);
-  constexpr int kVecs = 576 / 8;  // per row
-  constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
-  uint4 value[kPerThread];
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int e = tid + k * kThreads;
-    const int r = e / kVecs, v = e - r * kVecs;
-    value[k] = make_uint4(0, 0, 0, 0);
-    if (r < tile_rows) {
-      const int row = w.row0 + r;
-      const int i = row / p.num_heads, h = row - i * p.num_heads;
-      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-      const int64_t elem = w.b * p.q_batch + t * p.q_token + h * p.q_head + v * 8;
-      value[k] = __ldg(q + elem / 8);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int e = tid + k * kThreads;
-    const int r = e / kVecs, v = e - r * kVecs;
-    if (kRows * kVecs % kThreads == 0 || r < kRows) {
-      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
-    }
-  }
-}
-
-// load_query_tile with each row's address computed once: threads 0 .. kRows - 1 write row r's
-// first vector (null for a padding row) into `row_ptr` (shared), `sync` makes them visible to all
-// kThreads, then every load is that pointer plus its vector. The per-load (token, head) division
-// and 64-bit stride products of load_query_tile were ~125 instructions per load, ~2 us of issue
-// per segment (docs/perf-notes.md, Change 47). `in_flight` runs while the loads are in flight,
-// before any thread stores into `dst` (every thread calls it).
+// sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid. Threads
+// 0 .. kRows - 1 write row r's first vector (null for a padding row) into `row_ptr` (shared),
+// `sync` makes them visible to all kThreads, then every load is that pointer plus its vector, all
+// of them in flight before the first store (a (token, head) division and 64-bit stride products per
+// load were ~125 instructions each, ~2 us of issue per segment: docs/perf-notes.md, Change 47).
+// `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
+// thread calls it). The caller fences and syncs.
 template <int kRows, int kThreads, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
