@@ -671,8 +671,8 @@ int run(const Config& c) {
     const Result& r = results.back();
     ok = ok && r.check.ok;
     if (json_file != nullptr) std::fprintf(json_file, "%s\n", to_json(r).c_str());
-    for (double t : r.times_us) {
-      if (times_file != nullptr) std::fprintf(times_file, "%zu %.3f\n", results.size() - 1, t);
+    if (times_file != nullptr) {
+      for (double t : r.times_us) std::fprintf(times_file, "%zu %.3f\n", results.size() - 1, t);
     }
     if (c.json) {
       std::printf("%s\n", to_json(r).c_str());
