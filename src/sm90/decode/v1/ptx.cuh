@@ -141,6 +141,16 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Four 8x8 matrices of 16-bit values from a warp's registers into shared memory (stmatrix .x4):
+// lane l gives the address of row l % 8 of matrix l / 8; register i is this thread's pair of
+// matrix i (row lane / 4, columns 2 (lane % 4) and the next).
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1,
+                                            uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- math ----
 
 // 2^x on the special function unit, subnormal results flushed to 0 (one MUFU.EX2, where exp2f

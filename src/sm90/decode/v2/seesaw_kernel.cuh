@@ -15,8 +15,9 @@
 //   WG1, WG2 consumers: consumer c computes the whole S = Q K^T of every block of parity c (the
 //     split's blocks taken in rounds of two: block 2r to consumer 0, block 2r + 1 to consumer 1),
 //     its softmax against the running max handed over by the other consumer, and writes P into the
-//     block's rope chunk. Consumer c owns O[:, 256c : 256c + 256] and applies both blocks' P V to
-//     it. One consumer's softmax runs while the other's GEMMs keep the tensor cores busy.
+//     block's rope chunk for the other consumer. Consumer c owns O[:, 256c : 256c + 256] and
+//     applies both blocks' P V to it, its own block's with P from registers. One consumer's
+//     softmax runs while the other's GEMMs keep the tensor cores busy.
 // Per round, with m the running max and the hand-offs through shared memory:
 //   c0: S0; m0 = max(m, rowmax S0), a0 = exp2(m - m0), P0 = exp2(S0 - m0) -> c1
 //       O_L = a0 O_L + P0 V0_L;                         (waits for c1) O_L = a1 O_L + P1 V1_L
@@ -48,6 +49,21 @@ using v1::named_barrier_arrive;
 using v1::named_barrier_sync;
 
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b) { return static_cast<uint32_t>(b); }
+
+// Two values rounded to nearest in the 16-bit type T, the first in the low half: one F2FP.
+// NOTE: with two 16-bit conversions ptxas packed the pair the other way round and swapped the
+// halves (a PRMT per word) when the word was also a wgmma operand.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t word;
+  if constexpr (std::is_same_v<T, cute::half_t>) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  } else {
+    static_assert(std::is_same_v<T, cute::bfloat16_t>, "16-bit element types");
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  }
+  return word;
+}
 
 // Where row r (< kRows) of a one-segment request's tile goes: its offsets in out and lse, its
 // head's sink, and the bmm2 scale (the segment's end turns it into the row's out scale).
@@ -125,8 +141,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
+  typename Traits::TiledMmaPvRs mma_pv_own;
   auto thr_qk = mma_qk.get_thread_slice(wtid);
   auto thr_pv = mma_pv.get_thread_slice(wtid);
+  auto thr_pv_own = mma_pv_own.get_thread_slice(wtid);
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
@@ -136,7 +154,14 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
   Tensor tOcO =
       thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
-  static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128, "GMMA fragments");
+  // P of this consumer's own block in 16 bits, the A operand of its own P V (read from registers,
+  // not from the rope chunk the other consumer reads it from).
+  Tensor tOrPown = thr_pv_own.partition_fragment_A(make_tensor(
+      make_smem_ptr(smem.k[0] + Traits::kRopeChunkOffset), typename Traits::SmemLayoutP{}));
+  Tensor tOrPown32 = recast<uint32_t>(tOrPown);
+  static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128 &&
+                    size(decltype(tOrPown){}) == 32,
+                "GMMA fragments");
 
   // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
   int my_row[2];
@@ -236,6 +261,19 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOrP); ++k)
         cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+      warpgroup_commit_batch();
+    };
+    // The same for this consumer's own block, P from tOrPown.
+    auto pv_gemm_own = [&](int stage) {
+      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+      Tensor sV_half =
+          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+      Tensor tOrV = thr_pv_own.partition_fragment_B(sV_half);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrPown); ++k)
+        cute::gemm(mma_pv_own, tOrPown(_, _, k), tOrV(_, _, k), tOrO);
       warpgroup_commit_batch();
     };
     auto rescale_o = [&](const float(&factor)[2]) {
@@ -378,10 +416,20 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); v += 2) {
-            const uint32_t offset = v1::swizzled_offset(get<0>(tScS(v)), get<1>(tScS(v)), kRows);
-            T pair[2] = {T(tSrS(v)), T(tSrS(v + 1))};
-            *reinterpret_cast<uint32_t*>(p_bytes + offset) =
-                *reinterpret_cast<const uint32_t*>(pair);
+            tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+          }
+          // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r + 8
+          // of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled chunk.
+          {
+            const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            const uint32_t p_row =
+                static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
+              v1::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                              tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
+            }
           }
           // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
           // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
@@ -423,7 +471,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
           rescale_o(a_new);
-          pv_gemm(0);
+          pv_gemm_own(0);
           // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
           // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
           warpgroup_wait<0>();
@@ -435,7 +483,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           warpgroup_fence_operand(tOrO);
           release(0);
           rescale_o(a_new);
-          pv_gemm(1);
+          pv_gemm_own(1);
         }
       } else {
         // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.

@@ -25,6 +25,9 @@ struct GmmaOps<Elem::kBf16> {
   // O half += P V half: A = P (K-major), B = V, the same bytes as the K block read MN-major.
   using PvAtom =
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+  // The same with P from registers: a consumer's own block (its S accumulator, rounded).
+  using PvAtomRs =
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 template <>
 struct GmmaOps<Elem::kFp16> {
@@ -33,6 +36,8 @@ struct GmmaOps<Elem::kFp16> {
       cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
   using PvAtom =
       cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
+  using PvAtomRs =
+      cute::SM90::GMMA::MMA_64x256x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>;
 };
 
 // Named barriers (id 0 is __syncthreads). The two hand-offs are one-way: one warpgroup arrives,
@@ -90,6 +95,9 @@ struct SeesawTraits {
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
+  // NOTE: its A fragment holds the elements of TiledMmaQk's C fragment in the same order (both
+  // are the m64 accumulator layout), so P converts element by element.
+  using TiledMmaPvRs = decltype(cute::make_tiled_mma(typename Ops::PvAtomRs{}));
 
   // NOTE: Q (72 KB) and two K stages (144 KB) leave 11 KB: no room for two 8 KB P tiles. Each P
   // lives in its block's rope chunk, which only the block's own S GEMM reads.
