@@ -453,10 +453,13 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
             }
           }
           fence_proxy_async_smem();
-          // This warpgroup's own P V reads every thread's P (and the zeroed V rows of a partial
-          // block): sync the warpgroup, then hand over.
-          named_barrier_sync(
-              barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+          // This warpgroup's own P V reads the zeroed V rows of a partial block (P from
+          // registers): sync the warpgroup there. The hand-off orders every thread's stores before
+          // the other consumer's reads.
+          if (valid < kKeys) {
+            named_barrier_sync(
+                barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+          }
           named_barrier_arrive(
               barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
               Traits::kConsumerThreads);

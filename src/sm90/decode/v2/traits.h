@@ -46,7 +46,7 @@ enum class NamedBarrier : uint32_t {
   kConsumers = 1,   // both consumer warpgroups (256 threads)
   kToSecond = 2,    // first -> second: P of the even block, its max and rescale factor
   kToFirst = 3,     // second -> first: P of the odd block, its max and rescale factor
-  kLocalFirst = 4,  // consumer warpgroup 0 alone (128 threads): its P stores are complete
+  kLocalFirst = 4,  // consumer warpgroup 0 alone (128 threads): its zeroed V rows are written
   kLocalSecond = 5,
   kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
   kVoteSecond = 7,
