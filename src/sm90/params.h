@@ -65,8 +65,10 @@ struct DecodeKernelParams {
   void* out = nullptr;   // [B, q_len, H, L] / [T, H, L], out dtype
   float* lse = nullptr;  // [B, q_len, H] / [T, H] fp32, optional
 
-  // Workspace: fp32 partials of every (split, token, head) row.
-  float* partial_acc = nullptr;  // [num_splits, T, H, L] fp32, unnormalized sum of p * v
+  // Workspace: the partials of every (split, token, head) row. o = bmm2_scale * (sum of p * v) /
+  // sum, rounded to the out type (bf16 or fp16, as out_fp16 says; 0 where sum is 0), with max and
+  // sum in fp32.
+  void* partial_o = nullptr;     // [num_splits, T, H, L] out dtype
   float* partial_max = nullptr;  // [num_splits, T, H] fp32, running max (-inf: no key)
   float* partial_sum = nullptr;  // [num_splits, T, H] fp32, sum of exp(s - max)
 

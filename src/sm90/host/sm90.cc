@@ -6,7 +6,7 @@
 //   [0, 256)                       checked mode record: one uint64 key (IndexCheck), ~0 when clean
 //   partial_max [N] fp32           running max of each partial row (-inf: the split saw no key)
 //   partial_sum [N] fp32           sum of exp(s - max)
-//   partial_acc [N, L] fp32        unnormalized sum of exp(s - max) * v
+//   partial_o [N, L] out dtype     bmm2_scale * sum of exp(s - max) * v / sum (0 where sum is 0)
 //   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T] (the
 //            tokens the combine merges), first request per part [parts] int32, positions per
 //            part [1] int32
@@ -241,7 +241,7 @@ struct Layout {
   bool scheduled = false;  // v2's route: plan() writes the schedule
   bool direct = false;     // v2's direct split (uniform layout, no schedule)
   int64_t parts = 0;
-  int64_t max_offset = 0, sum_offset = 0, acc_offset = 0;
+  int64_t max_offset = 0, sum_offset = 0, o_offset = 0;
   int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
   int64_t bytes = 0;
 };
@@ -260,8 +260,8 @@ Layout layout_of(const Problem& p) {
   l.rows = rows;
   l.max_offset = kAlign;  // after the checked mode's record
   l.sum_offset = l.max_offset + align_up(rows * 4);
-  l.acc_offset = l.sum_offset + align_up(rows * 4);
-  l.bytes = l.acc_offset + align_up(rows * p.L * 4);
+  l.o_offset = l.sum_offset + align_up(rows * 4);
+  l.bytes = l.o_offset + align_up(rows * p.L * 2);  // bf16 or fp16: the out type
   if (l.scheduled) {
     l.requests_offset = l.bytes;
     l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::ScheduleRequest));
@@ -477,7 +477,7 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   if (p.has_lse) k.lse = static_cast<float*>(prm.lse.data);
   k.partial_max = reinterpret_cast<float*>(workspace + layout.max_offset);
   k.partial_sum = reinterpret_cast<float*>(workspace + layout.sum_offset);
-  k.partial_acc = reinterpret_cast<float*>(workspace + layout.acc_offset);
+  k.partial_o = workspace + layout.o_offset;
 
   k.batch = static_cast<int32_t>(p.batch);
   k.num_tokens = static_cast<int32_t>(p.num_tokens);

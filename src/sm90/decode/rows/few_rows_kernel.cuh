@@ -352,8 +352,8 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
   }
   named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  if (ctid < tile_rows) {
-    const int c = ctid;
+  // Row c's max over both consumers (natural log units) and its sum at that max.
+  auto row_total = [&](int c, float& m_nat, float& l) {
     const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
     const float m = fmaxf(m0, m1);
     const float m_use = m == kNegInf ? 0.0f : m;
@@ -363,49 +363,61 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
       l0 += smem.sum[0][x][c];
       l1 += smem.sum[1][x][c];
     }
-    const float m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-    const float l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
-    if (w.whole) {
-      // The call's only split: the combine's normalization (output.cuh) here.
-      const RowTarget target = finish_row(p, w.row0 + c, w.token0, m_nat, l);
-      smem.out_row[c] = target.offset;
-      smem.out_scale[c] = target.scale;
-    } else {
-      p.partial_max[partial_row0 + c] = m_nat;
-      p.partial_sum[partial_row0 + c] = l;
+    m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
+    l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
+  };
+  if (w.whole) {
+    // The call's only split: the combine's normalization (output.cuh) here.
+    if (ctid < tile_rows) {
+      float m_nat, l;
+      row_total(ctid, m_nat, l);
+      const RowTarget target = finish_row(p, w.row0 + ctid, w.token0, m_nat, l);
+      smem.out_row[ctid] = target.offset;
+      smem.out_scale[ctid] = target.scale;
     }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+  } else if (ctid < tile_rows) {
+    // A partial: max, sum and o = bmm2 O / sum (params.h); each thread below finds its rows' sums
+    // itself, with no barrier.
+    float m_nat, l;
+    row_total(ctid, m_nat, l);
+    p.partial_max[partial_row0 + ctid] = m_nat;
+    p.partial_sum[partial_row0 + ctid] = l;
   }
+  const float bmm2_scale = w.whole ? 0.0f : bmm2_scale_of(p);
   const float* first = reinterpret_cast<const float*>(smem.k[0]);
   const float* second = reinterpret_cast<const float*>(smem.k[1]);
-  if (w.whole) {
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
-      const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
-      const int64_t o = smem.out_row[c];
+  for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
+    const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
+    int64_t o;
+    float f;  // NOTE: a row without a key gets 0, whatever O holds
+    if (w.whole) {
+      o = smem.out_row[c];
       if (o < 0) continue;
-      const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
-      float v[8];
-#pragma unroll
-      for (int k = 0; k < 8; k += 4) {
-        const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
-        const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
-        v[k + 0] = f != 0.0f ? (a.x + b.x) * f : 0.0f;
-        v[k + 1] = f != 0.0f ? (a.y + b.y) * f : 0.0f;
-        v[k + 2] = f != 0.0f ? (a.z + b.z) * f : 0.0f;
-        v[k + 3] = f != 0.0f ? (a.w + b.w) * f : 0.0f;
-      }
-      store_out8(p, o + d,
-                 make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
-                            pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7])));
+      f = smem.out_scale[c];
+    } else {
+      float m_nat, l;
+      row_total(c, m_nat, l);
+      o = (partial_row0 + c) * kL;
+      f = l != 0.0f ? __fdiv_rn(bmm2_scale, l) : 0.0f;
     }
-    return;
-  }
-  for (int e = ctid; e < tile_rows * (kL / 4); e += Traits::kConsumerThreads) {
-    const int c = e / (kL / 4), d = (e - c * (kL / 4)) * 4;
-    const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d);
-    const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d);
-    *reinterpret_cast<float4*>(&p.partial_acc[(partial_row0 + c) * kL + d]) =
-        make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; k += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
+      const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
+      v[k + 0] = f != 0.0f ? (a.x + b.x) * f : 0.0f;
+      v[k + 1] = f != 0.0f ? (a.y + b.y) * f : 0.0f;
+      v[k + 2] = f != 0.0f ? (a.z + b.z) * f : 0.0f;
+      v[k + 3] = f != 0.0f ? (a.w + b.w) * f : 0.0f;
+    }
+    const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                                   pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
+    if (w.whole) {
+      store_out8(p, o + d, words);
+    } else {
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
+    }
   }
 }
 

@@ -112,8 +112,8 @@ struct FewRowsTraits {
     float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
     float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
     float final_max[2][kRows];      // [consumer] running max at the end
-    int64_t out_row[kRows];         // one split: the row's offset in out (-1: not written)
-    float out_scale[kRows];         // and what its O is multiplied by (RowOutput)
+    int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
+    float out_scale[kRows];         // partial_o, and what its O is multiplied by
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
     uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
     uint64_t empty_l[kStages];        // chunks 0..3 consumed: one arrive per consumer warp

@@ -6,12 +6,13 @@
 // list). The grid is sized by occupancy, not by the items: each CTA takes items blockIdx.x,
 // blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the balanced
 // schedule, where the token's ScheduleToken says; the R rows of an item are consecutive there. The
-// CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 16-byte vector) of each
-// of the item's rows each; group g takes splits g, g + G, g + 2G, ... (G = groups per CTA). Rows
-// per item (R > 1 only with one group) put more vectors in flight where a row has few splits. With
-// M = max over splits of the split max m_s (splits without keys excluded):
-//   Z   = sum_s sum_s' * exp(m_s - M),  acc = sum_s acc_s * exp(m_s - M)
-//   out = bmm2_scale * acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
+// CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 8-byte vector of the
+// 16-bit o) of each of the item's rows each; group g takes splits g, g + G, g + 2G, ... (G = groups
+// per CTA). Rows per item (R > 1 only with one group) put more vectors in flight where a row has
+// few splits. With M = max over splits of the split max m_s (splits without keys excluded), z_s
+// the split's sum and o_s = bmm2_scale * acc_s / z_s its 16-bit partial (params.h):
+//   w_s = z_s * exp(m_s - M),  Z = sum_s w_s,  acc = sum_s w_s * o_s
+//   out = acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
 //
 // Order of the sums (fixed by the shapes, so results are bitwise identical run to run): Z over
@@ -29,9 +30,22 @@
 namespace mla::sm90::v0 {
 
 inline constexpr int kCombineMaxThreads = 512;
-inline constexpr int kCombineBatch = 8;  // acc vectors in flight per thread
+inline constexpr int kCombineBatch = 8;  // o vectors in flight per thread
 inline constexpr int kCombineL = 512;
 inline constexpr int kCombineMaxRows = 4;  // rows per item (consecutive heads of one token)
+
+// Four 16-bit values of type Out (the first in the low half of x) as floats.
+template <Elem Out>
+__device__ __forceinline__ float4 widen(uint2 v) {
+  if constexpr (Out == Elem::kBf16) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+  } else {
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
 
 template <Elem Out, int R>
 // NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
@@ -45,7 +59,7 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
   static_assert(kMaxSplits % 32 == 0, "warp r holds kMaxSplits / 32 splits per lane");
   static_assert(R >= 1 && kCombineBatch % R == 0, "a batch holds whole splits");
 
-  __shared__ float weight[R][kMaxSplits];  // exp(m_s - M) per row, 0 for an empty split
+  __shared__ float weight[R][kMaxSplits];  // w_s per row, 0 for an empty split
   // Each thread's group sum, for the final merge (one row per item where there are groups).
   __shared__ float4 part[R == 1 ? kCombineMaxThreads : 1];
   __shared__ float row_max[R], row_z[R];
@@ -105,10 +119,10 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
     const int t = it.t, h = it.h, chunk = it.chunk, c = it.c, rows = it.rows;
     const int num_splits = it.num_splits;
     const int64_t stride = it.stride, row = it.row;
-    const float* acc_base = p.partial_acc + row * kL + c;
+    const uint16_t* o_base = static_cast<const uint16_t*>(p.partial_o) + row * kL + c;
 
-    // ---- the group's first acc batch: in flight while warps 0 .. R-1 find the weights ----
-    float4 a[kCombineBatch];
+    // ---- the group's first batch of o: in flight while warps 0 .. R-1 find the weights ----
+    uint2 a[kCombineBatch];
     auto load_batch = [&](int k0) {
 #pragma unroll
       for (int j = 0; j < kPerBatch; ++j) {
@@ -116,8 +130,7 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (s < num_splits && r < rows) {
-            a[j * R + r] =
-                __ldcs(reinterpret_cast<const float4*>(acc_base + (s * stride + r) * kL));
+            a[j * R + r] = __ldcs(reinterpret_cast<const uint2*>(o_base + (s * stride + r) * kL));
           }
         }
       }
@@ -146,8 +159,8 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
       float z = 0.0f;
 #pragma unroll
       for (int j = 0; j < kSplitsPerLane; ++j) {
-        const float w = m_s[j] == kNegInf ? 0.0f : expf(m_s[j] - m);
-        z = fmaf(sum_s[j], w, z);
+        const float w = m_s[j] == kNegInf ? 0.0f : sum_s[j] * expf(m_s[j] - m);
+        z += w;
         if (lane + 32 * j < num_splits) weight[r][lane + 32 * j] = w;
       }
 #pragma unroll
@@ -172,9 +185,9 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
         for (int r = 0; r < R; ++r) {
           if (s < num_splits && r < rows) {
             const float w = weight[r][s];
-            // NOTE: an empty split's acc holds nothing (possibly garbage): never read it.
+            // NOTE: an empty split's o holds nothing (possibly garbage): never read it.
             if (w != 0.0f) {
-              const float4 v = a[j * R + r];
+              const float4 v = widen<Out>(a[j * R + r]);
               acc[r].x = fmaf(v.x, w, acc[r].x);
               acc[r].y = fmaf(v.y, w, acc[r].y);
               acc[r].z = fmaf(v.z, w, acc[r].z);
@@ -207,7 +220,8 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
-          const RowOutput ro = row_output(p, h + r, row_max[r], row_z[r]);
+          // NOTE: bmm2_scale is in o already.
+          const RowOutput ro = row_output(1.0f, sink_of(p, h + r), row_max[r], row_z[r]);
           float4 v = acc[r];
           if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
           const int64_t o = out_offset(p, t, h + r) + c;

@@ -3,11 +3,12 @@
 // Grid mapping: blockIdx.x = query token t, blockIdx.y = group of up to 16 heads,
 // blockIdx.z = split s. Each CTA derives its key range from seq_lens on the device: the token's
 // attended extent is cut into 64-key blocks and split s takes the s-th of num_splits equal runs
-// of blocks (possibly none). It writes the split's unnormalized partial (acc, max, sum) of each
-// head row; combine_kernel.cu merges the splits.
+// of blocks (possibly none). It writes the split's partial (max, sum, o = bmm2 acc / sum in the
+// out type: params.h) of each head row; combine_kernel.cu merges the splits.
 #pragma once
 
 #include "sm90/common.cuh"
+#include "sm90/decode/output.cuh"
 #include "sm90/decode/v0/traits.h"
 
 namespace mla::sm90::v0 {
@@ -255,13 +256,17 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
   }
   __syncthreads();
 
-  // ---- store the split's partials ----
+  // ---- store the split's partials: max, sum and o = bmm2 acc / sum (params.h) ----
   const int64_t row0 = (static_cast<int64_t>(split) * p.num_tokens + tok.t) * p.num_heads + head0;
+  const float bmm2_scale = bmm2_scale_of(p);
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
     if (h < num_heads) {
-      *reinterpret_cast<float2*>(&p.partial_acc[(row0 + h) * kL + 2 * tid]) =
-          make_float2(acc[h][0], acc[h][1]);
+      const float sum = smem.row_sum[h];
+      const float f = sum != 0.0f ? __fdiv_rn(bmm2_scale, sum) : 0.0f;
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.partial_o) + (row0 + h) * kL +
+                                   2 * tid) =
+          pack_out(p, f != 0.0f ? acc[h][0] * f : 0.0f, f != 0.0f ? acc[h][1] * f : 0.0f);
     }
   }
   if (tid < num_heads) {

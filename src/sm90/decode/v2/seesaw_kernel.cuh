@@ -3,9 +3,9 @@
 // Grid mapping: blockIdx.x = tile of 64 query rows of a request (row = token * H + head; rows past
 // the request's n_b * H are zero padding), blockIdx.y = part of the balanced schedule (params.h,
 // ScheduleRequest; planned on the device by schedule.cu): the CTA walks its part's segments (one
-// run of 64-key blocks of one request each) in order and writes each segment's unnormalized
-// partial (acc, max, sum) of its rows, which v0's combine kernel merges, or, for a request of one
-// segment, its rows of out and lse. The grid is one wave.
+// run of 64-key blocks of one request each) in order and writes each segment's partial (max, sum,
+// o = bmm2 O / sum in the out type: params.h) of its rows, which v0's combine kernel merges, or,
+// for a request of one segment, its rows of out and lse. The grid is one wave.
 // Direct split (kDirect; a call of one request, no plan kernel): blockIdx.y = run of equal runs
 // of the tile's blocks, one segment per CTA (v1::SplitCursor), partials in the uniform layout.
 //
@@ -543,27 +543,36 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
     }
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    if (w.whole) {
-      // ---- store_out: the request's only segment, normalized as the combine would (output.cuh),
-      // staged in the query tile (free: this segment's GEMMs are done), then each row leaves by
-      // one bulk copy (or 16-byte stores where out's layout does not allow it) ----
-      // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed them).
-      if (cw == 0 && (lane & 3) < 2) {
-        const bool second = (lane & 1) != 0;
-        const int r = second ? my_row[1] : my_row[0];
-        const float mx = second ? row_max[1] : row_max[0];
-        const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
-        float scale = 0.0f;  // padding rows and tokens outside [0, T): not written
+    // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
+    // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
+    // o = bmm2 O / sum in the out type); O is scaled and rounded into the query tile (free: this
+    // segment's GEMMs are done), then each row leaves by one bulk copy (or, for out where its
+    // layout does not allow it, 16-byte stores) ----
+    // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed a whole
+    // request's rows).
+    if (cw == 0 && (lane & 3) < 2) {
+      const bool second = (lane & 1) != 0;
+      const int r = second ? my_row[1] : my_row[0];
+      const float mx = second ? row_max[1] : row_max[0];
+      const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
+      const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
+      float scale = 0.0f;  // padding rows, tokens outside [0, T) and empty rows: 0, not written
+      if (w.whole) {
         if (smem.out_row[r] >= 0) {
-          const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
           const RowOutput ro = row_output(smem.out_scale[r], smem.out_sink[r], m, z);
           if (smem.lse_row[r] >= 0) p.lse[smem.lse_row[r]] = ro.lse;
           scale = ro.scale;
         }
-        smem.out_scale[r] = scale;
+      } else if (r < tile_rows) {
+        p.partial_max[partial_row0 + r] = m;
+        p.partial_sum[partial_row0 + r] = z;
+        if (z != 0.0f) scale = __fdiv_rn(bmm2_scale_of(p), z);
       }
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
+      smem.out_scale[r] = scale;
+    }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
+    {
       float scale[2];
 #pragma unroll
       for (int s = 0; s < 2; ++s) scale[s] = smem.out_scale[my_row[s]];
@@ -574,55 +583,37 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
             pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
       }
-      if (p.out_vec16) {
-        fence_proxy_async_smem();  // the staged rows, for the bulk copies
-        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-        if (ctid < kRows) {
+    }
+    if (!w.whole || p.out_vec16) {
+      fence_proxy_async_smem();  // the staged rows, for the bulk copies
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      if (ctid < kRows) {
+        uint16_t* dst = nullptr;
+        if (w.whole) {
           const int64_t o = smem.out_row[ctid];
-          if (o >= 0) {
-            SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch,
-                                     static_cast<uint16_t*>(p.out) + o, Traits::kL * 2);
-          }
-          tma_store_arrive();
+          if (o >= 0) dst = static_cast<uint16_t*>(p.out) + o;
+        } else if (ctid < tile_rows) {
+          dst = static_cast<uint16_t*>(p.partial_o) + (partial_row0 + ctid) * Traits::kL;
         }
-        out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
-      } else {
-        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-        constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
-        for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
-          const int r = e / kPieces, piece = e - r * kPieces;
-          const int64_t o = smem.out_row[r];
-          if (o >= 0) {
-            store_out8(
-                p, o + piece * 8,
-                *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
-          }
+        if (dst != nullptr) {
+          SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, Traits::kL * 2);
         }
-        // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
-        // barrier in load_query_tile_rows.
+        tma_store_arrive();
       }
-      continue;
-    }
-
-    // ---- store_partials: max (natural log units), sum over both consumers, O half ----
-    if (cw == 0 && (lane & 3) == 0) {
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        if (row_valid[s]) {
-          const int64_t row = partial_row0 + my_row[s];
-          p.partial_max[row] = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
-          p.partial_sum[row] = row_sum[s] + smem.row_sum[my_row[s]];
+      out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
+    } else {
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
+      for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
+        const int r = e / kPieces, piece = e - r * kPieces;
+        const int64_t o = smem.out_row[r];
+        if (o >= 0) {
+          store_out8(p, o + piece * 8,
+                     *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
         }
       }
-    }
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); v += 2) {
-      const int r = get<0>(tOcO(v));
-      if (r < tile_rows) {
-        const int c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
-        *reinterpret_cast<float2*>(&p.partial_acc[(partial_row0 + r) * Traits::kL + c]) =
-            make_float2(tOrO(v), tOrO(v + 1));
-      }
+      // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
+      // barrier in load_query_tile_rows.
     }
   }  // segments
   // The shared memory the last out rows are copied from stays until they have been read.
