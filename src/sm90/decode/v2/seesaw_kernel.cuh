@@ -276,6 +276,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         cute::gemm(mma_pv_own, tOrPown(_, _, k), tOrV(_, _, k), tOrO);
       warpgroup_commit_batch();
     };
+    // This thread's share of its own block's sum of P (in tSrS, fp32) into row_sum.
+    auto add_row_sums = [&] {
+      CUTE_UNROLL
+      for (int v = 0; v < size(tSrS); ++v) row_sum[(v >> 1) & 1] += tSrS(v);
+    };
     auto rescale_o = [&](const float(&factor)[2]) {
       // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
       // rows all kept their max skips the 128 multiplies.
@@ -401,12 +406,12 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           block_max[s] = m_use;
           row_sum[s] *= a_new[s];
         }
+        // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
+        // hand-off to the other consumer is the round's critical path (Change 52).
         CUTE_UNROLL
         for (int v = 0; v < size(tSrS); ++v) {
           const int slot = (v >> 1) & 1;
-          const float e = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
-          tSrS(v) = e;
-          row_sum[slot] += e;
+          tSrS(v) = v1::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
         }
 
         // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
@@ -475,6 +480,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           warpgroup_fence_operand(tOrO);
           rescale_o(a_new);
           pv_gemm_own(0);
+          add_row_sums();
           // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
           // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
           warpgroup_wait<0>();
@@ -487,6 +493,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           release(0);
           rescale_o(a_new);
           pv_gemm_own(1);
+          add_row_sums();
         }
       } else {
         // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
