@@ -338,20 +338,6 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   }
   // Both consumers are done with every stage (each loaded block was waited for and consumed).
   named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  float factor[kCols];  // exp2(own max - merged max)
-#pragma unroll
-  for (int s = 0; s < kCols; ++s) {
-    const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
-    factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
-  }
-  // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
-  constexpr int kStride = Traits::kMergeStride;
-  float* own = reinterpret_cast<float*>(smem.k[cw]);
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); ++v) {
-    own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
-  }
-  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   // Row c's max over both consumers (natural log units) and its sum at that max.
   auto row_total = [&](int c, float& m_nat, float& l) {
     const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
@@ -366,6 +352,28 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
     l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
   };
+  // exp2(own max - merged max); for a partial also times bmm2 / sum, its o's scale (params.h).
+  float factor[kCols];
+  const float bmm2_scale = w.whole ? 0.0f : bmm2_scale_of(p);
+#pragma unroll
+  for (int s = 0; s < kCols; ++s) {
+    const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
+    factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
+    if (!w.whole) {
+      // NOTE: a row without a key (sum 0) is never read by the combine, whatever its o holds.
+      float m_nat, l;
+      row_total(my_col(s), m_nat, l);
+      factor[s] *= l != 0.0f ? __fdiv_rn(bmm2_scale, l) : 0.0f;
+    }
+  }
+  // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
+  constexpr int kStride = Traits::kMergeStride;
+  float* own = reinterpret_cast<float*>(smem.k[cw]);
+  CUTE_UNROLL
+  for (int v = 0; v < size(tOrO); ++v) {
+    own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
+  }
+  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   if (w.whole) {
     // The call's only split: the combine's normalization (output.cuh) here.
     if (ctid < tile_rows) {
@@ -377,29 +385,25 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     }
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   } else if (ctid < tile_rows) {
-    // A partial: max, sum and o = bmm2 O / sum (params.h); each thread below finds its rows' sums
-    // itself, with no barrier.
+    // A partial: max and sum (its o's scale is in the stages already).
     float m_nat, l;
     row_total(ctid, m_nat, l);
     p.partial_max[partial_row0 + ctid] = m_nat;
     p.partial_sum[partial_row0 + ctid] = l;
   }
-  const float bmm2_scale = w.whole ? 0.0f : bmm2_scale_of(p);
   const float* first = reinterpret_cast<const float*>(smem.k[0]);
   const float* second = reinterpret_cast<const float*>(smem.k[1]);
   for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
     const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
     int64_t o;
-    float f;  // NOTE: a row without a key gets 0, whatever O holds
+    float f;  // NOTE: a row of out without a key gets 0, whatever O holds
     if (w.whole) {
       o = smem.out_row[c];
       if (o < 0) continue;
       f = smem.out_scale[c];
     } else {
-      float m_nat, l;
-      row_total(c, m_nat, l);
       o = (partial_row0 + c) * kL;
-      f = l != 0.0f ? __fdiv_rn(bmm2_scale, l) : 0.0f;
+      f = 1.0f;
     }
     float v[8];
 #pragma unroll
