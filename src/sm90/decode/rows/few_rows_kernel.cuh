@@ -352,19 +352,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
     l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
   };
-  // exp2(own max - merged max); for a partial also times bmm2 / sum, its o's scale (params.h).
-  float factor[kCols];
-  const float bmm2_scale = w.whole ? 0.0f : bmm2_scale_of(p);
+  float factor[kCols];  // exp2(own max - merged max)
 #pragma unroll
   for (int s = 0; s < kCols; ++s) {
     const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
     factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
-    if (!w.whole) {
-      // NOTE: a row without a key (sum 0) is never read by the combine, whatever its o holds.
-      float m_nat, l;
-      row_total(my_col(s), m_nat, l);
-      factor[s] *= l != 0.0f ? __fdiv_rn(bmm2_scale, l) : 0.0f;
-    }
   }
   // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
   constexpr int kStride = Traits::kMergeStride;
@@ -373,38 +365,32 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   for (int v = 0; v < size(tOrO); ++v) {
     own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
   }
-  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  if (w.whole) {
-    // The call's only split: the combine's normalization (output.cuh) here.
-    if (ctid < tile_rows) {
-      float m_nat, l;
-      row_total(ctid, m_nat, l);
+  // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out or
+  // partial_o) and what its O is multiplied by.
+  if (ctid < tile_rows) {
+    float m_nat, l;
+    row_total(ctid, m_nat, l);
+    if (w.whole) {
+      // The call's only split: the combine's normalization (output.cuh) here.
       const RowTarget target = finish_row(p, w.row0 + ctid, w.token0, m_nat, l);
       smem.out_row[ctid] = target.offset;
       smem.out_scale[ctid] = target.scale;
+    } else {
+      // A partial: max, sum and o = bmm2 O / sum (params.h).
+      p.partial_max[partial_row0 + ctid] = m_nat;
+      p.partial_sum[partial_row0 + ctid] = l;
+      smem.out_row[ctid] = (partial_row0 + ctid) * kL;
+      smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
     }
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  } else if (ctid < tile_rows) {
-    // A partial: max and sum (its o's scale is in the stages already).
-    float m_nat, l;
-    row_total(ctid, m_nat, l);
-    p.partial_max[partial_row0 + ctid] = m_nat;
-    p.partial_sum[partial_row0 + ctid] = l;
   }
+  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   const float* first = reinterpret_cast<const float*>(smem.k[0]);
   const float* second = reinterpret_cast<const float*>(smem.k[1]);
   for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
     const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
-    int64_t o;
-    float f;  // NOTE: a row of out without a key gets 0, whatever O holds
-    if (w.whole) {
-      o = smem.out_row[c];
-      if (o < 0) continue;
-      f = smem.out_scale[c];
-    } else {
-      o = (partial_row0 + c) * kL;
-      f = 1.0f;
-    }
+    const int64_t o = smem.out_row[c];
+    if (o < 0) continue;
+    const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
     float v[8];
 #pragma unroll
     for (int k = 0; k < 8; k += 4) {
