@@ -34,7 +34,7 @@ inline constexpr int kCombineBatch = 8;  // o vectors in flight per thread
 inline constexpr int kCombineL = 512;
 inline constexpr int kCombineMaxRows = 4;  // rows per item (consecutive heads of one token)
 
-// Four 16-bit values of type Out (the first in the low half of x) as floats.
+// Four 16-bit values of type Out (the first in the low half of v.x) as floats.
 template <Elem Out>
 __device__ __forceinline__ float4 widen(uint2 v) {
   if constexpr (Out == Elem::kBf16) {
