@@ -157,6 +157,28 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
          ((c & 7) << 1);
 }
 
+// The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
+// kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
+// ahead of the K blocks' (v2's direct split: docs/perf-notes.md, Change 57). A ragged call's rows
+// need cum_seq_lens_q: nothing is requested.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
+                                                    int tid) {
+  if (p.cum_seq_lens_q != nullptr) return;
+  constexpr int kRowBytes = 576 * 2;
+  constexpr int kLines = kRowBytes / 128 + 1;  // 128-byte lines a 16-byte-aligned row can touch
+  const int rows = p.q_len * p.num_heads;
+  for (int e = tid; e < kRows * kLines; e += kThreads) {
+    const int r = e / kLines, line = e - r * kLines;
+    const int row = row0 + r;
+    if (row >= rows) break;  // e grows with r
+    const int t = row / p.num_heads, h = row - t * p.num_heads;
+    const uint8_t* base =
+        static_cast<const uint8_t*>(p.query) + 2 * (b * p.q_batch + t * p.q_token + h * p.q_head);
+    prefetch_l2(base + min(line * 128, kRowBytes - 1));
+  }
+}
+
 // The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
 // sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid. Threads
 // 0 .. kRows - 1 write row r's first vector (null for a padding row) into `row_ptr` (shared),

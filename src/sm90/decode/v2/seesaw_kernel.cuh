@@ -138,6 +138,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
+  // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
+  if constexpr (kDirect) {
+    v1::prefetch_query_rows<kRows, Traits::kConsumerThreads>(p, 0, blockIdx.x * kRows, ctid);
+  }
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
