@@ -74,22 +74,41 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Launches `kernel` with cudaLaunchKernelEx; with `pdl`, as a programmatic dependent of the
-// previous work in the stream.
+// Launches `kernel` with cudaLaunchKernelEx in clusters of `cluster_x` CTAs along x (1: no
+// cluster); with `pdl`, as a programmatic dependent of the previous work in the stream.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                   cudaStream_t stream, bool pdl, Args&&... args) {
+cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned n = 0;
+  if (pdl) {
+    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 1) {
+    attribute[n].id = cudaLaunchAttributeClusterDimension;
+    attribute[n].val.clusterDim.x = cluster_x;
+    attribute[n].val.clusterDim.y = 1;
+    attribute[n].val.clusterDim.z = 1;
+    ++n;
+  }
   config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// launch_in_clusters without clusters.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, bool pdl, Args&&... args) {
+  return launch_in_clusters(kernel, grid, block, smem, stream, pdl, 1u,
+                            std::forward<Args>(args)...);
 }
 
 }  // namespace mla::sm90

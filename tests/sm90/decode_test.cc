@@ -920,6 +920,79 @@ std::vector<Case> direct_split_cases() {
   return cases;
 }
 
+// v2's pairs (tiles 2k and 2k + 1 of a request in a cluster of two that loads each block once for
+// both; by default from 6 tiles up: H = 128 and at least 3 query tokens): the balanced schedule
+// and the direct split, pages of 16 and 32 keys (several issuers per block), ragged queries with
+// tile pairs past a request's rows, a custom mask, sinks, fp16. CTest runs this suite a second
+// time with MLA_SM90_PAIR=1, which pairs every call that allows it: also 2 tiles at max_q_len 1
+// (H 65 .. 128, the second tile part padding).
+std::vector<Case> pair_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 3500 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  Case c;
+  c.B = 5;
+  c.H = 128;
+  c.q_len = 6;
+  c.page_size = 16;
+  c.seq_lens = {700, 6, 9, 2000, 129};
+  add(c);
+  c = Case();
+  c.B = 1;
+  c.H = 128;
+  c.q_len = 4;
+  c.page_size = 32;
+  c.seq_lens = {30001};
+  c.sinks = true;
+  add(c);
+  c = Case();
+  c.B = 4;
+  c.H = 128;
+  c.ragged_q_lens = {3, 0, 2, 1};
+  c.seq_lens = {900, 40, 2, 1300};
+  c.page_size = 16;
+  c.max_q_len_hint = true;
+  add(c);
+  c.max_q_len_hint = false;  // max_q_len = T = 6: 12 tiles, most of them past a request's rows
+  c.page_size = 64;
+  add(c);
+  c = Case();
+  c.B = 3;
+  c.H = 128;
+  c.q_len = 4;
+  c.page_size = 128;
+  c.seq_lens = {1000, 4, 333};
+  c.mask = Mask::kU32;
+  c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+  add(c);
+  c = Case();  // 2 tiles at max_q_len 1: paired only with MLA_SM90_PAIR=1
+  c.B = 5;
+  c.H = 96;
+  c.q_len = 1;
+  c.page_size = 32;
+  c.seq_lens = {700, 0, 1, 2000, 129};
+  add(c);
+  c = Case();
+  c.B = 1;
+  c.H = 72;
+  c.q_len = 1;
+  c.page_size = 16;
+  c.seq_lens = {3001};
+  c.sinks = true;
+  add(c);
+  c = Case();
+  c.B = 1;
+  c.H = 128;
+  c.q_len = 1;
+  c.page_size = 64;
+  c.seq_lens = {100 * 1024 + 1};
+  add(c);
+  return cases;
+}
+
 // The contract's extremes: a batch of 1024 with requests of 256K + 1 and 100K + 1 keys among
 // short ones (zeros and single keys included) on the balanced schedule, and one request of
 // 256K + 1 keys on the few-rows kernel's split and on the direct split.
@@ -968,6 +1041,7 @@ INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_
 INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),
                          param_name);
+INSTANTIATE_TEST_SUITE_P(Pairs, Sm90Decode, ::testing::ValuesIn(pair_cases()), param_name);
 
 // ---- Empty batches ----------------------------------------------------------------------------
 

@@ -202,6 +202,24 @@ bool v2_direct(const Problem& p) {
   return !disabled && p.batch == 1 && v2_shape_ok(p);
 }
 
+// v2's pairs: tiles 2k and 2k + 1 of every request cover the same query tokens (one token per
+// tile pair at H = 128; one token at max_q_len 1), so their blocks and key ranges are the same and
+// a cluster of the two loads each block once for both (docs/sm90-v2.md, Pairs). Taken from
+// kPairMinTiles tiles per request up: below that the two CTAs' lockstep cost more than the halved
+// L2 traffic gave (docs/perf-notes.md, Change 59). MLA_SM90_PAIR=0 keeps every call unpaired,
+// =1 pairs every call that allows it (comparisons and tests; results are the same).
+constexpr int64_t kPairMinTiles = 6;
+bool v2_pair(const Problem& p) {
+  static const int forced = [] {
+    const char* v = std::getenv("MLA_SM90_PAIR");
+    return v == nullptr ? -1 : std::string(v) == "0" ? 0 : std::string(v) == "1" ? 1 : -1;
+  }();
+  const int64_t tiles = v1_tiles(p);
+  const bool allowed = tiles % 2 == 0 && (p.num_heads == 128 || p.max_q_len == 1);
+  if (forced >= 0) return allowed && forced == 1;
+  return allowed && tiles >= kPairMinTiles;
+}
+
 // Upper bound of the splits per query token, from shapes and the SM count only.
 // v0: enough CTAs for two waves, at least kMinKeysPerSplit keys per split, at most kV0MaxSplits.
 // v1 (one CTA per SM): as many splits as fit one wave of (tile, request) CTAs, at least one 64-key
@@ -535,9 +553,11 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
         schedule_view(layout, workspace, p.batch, k);
       }
       const int tiles = static_cast<int>(v1_tiles(p));
-      return q == Elem::kBf16
-                 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct, stream, pdl)
-                 : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct, stream, pdl);
+      const bool pair = v2_pair(p);
+      return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
+                                                               pair, stream, pdl)
+                              : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,
+                                                               pair, stream, pdl);
     }
   }
   if (q == Elem::kBf16 && kv == Elem::kBf16) {

@@ -66,6 +66,39 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
+// ---- clusters (v2's paired tiles: docs/sm90-v2.md, Pairs) ----
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster: arrives, then waits for all the others. The arrive is
+// relaxed: what it publishes is mbarrier initializations, which fence_mbar_init orders (with
+// .release, ptxas put MEMBAR.ALL.GPU before it).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile(
+      "barrier.cluster.arrive.relaxed.aligned;\n"
+      "barrier.cluster.wait.aligned;\n" ::
+          : "memory");
+}
+
+// Arrives on the barrier at `bar`'s offset in the shared memory of cluster CTA `cta`.
+// NOTE: the default semantics (release at CTA scope), as CUTLASS's cluster barriers: with
+// .release.cluster ptxas put MEMBAR.ALL.GPU before every arrive.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
 // ---- bulk tensor copy ----
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
@@ -101,6 +134,33 @@ __device__ __forceinline__ void tma_load_3d_hint(void* dst, const CUtensorMap* m
       " [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
       "l"(policy)
+      : "memory");
+}
+
+// tma_load_3d into the same shared-memory offset of every CTA of the cluster in `cta_mask`; each
+// completes its own barrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int32_t c0, int32_t c1,
+                                                      int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "h"(cta_mask)
+      : "memory");
+}
+
+// tma_load_3d_multicast with an L2 eviction policy.
+__device__ __forceinline__ void tma_load_3d_multicast_hint(void* dst, const CUtensorMap* map,
+                                                           uint64_t* bar, int32_t c0, int32_t c1,
+                                                           int32_t c2, uint16_t cta_mask,
+                                                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "h"(cta_mask), "l"(policy)
       : "memory");
 }
 

@@ -22,19 +22,25 @@ __device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
 
 // The ring's barriers: one full barrier per chunk of each stage (one arrival per issuer, with its
 // transaction bytes), and per stage one empty barrier per consumer half (one arrive per consumer
-// warp).
-template <typename Traits>
+// warp; kPair: per consumer warp of both CTAs of the pair, whose producers both fill this ring).
+template <typename Traits, bool kPair = false>
 __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
                                                    int issuers) {
+  constexpr uint32_t kReleases = (kPair ? 2 : 1) * 128 / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) v1::mbar_init(&smem.full[s][c], issuers);
-      v1::mbar_init(&smem.empty_l[s], 128 / 32);
-      v1::mbar_init(&smem.empty_r[s], 128 / 32);
+      v1::mbar_init(&smem.empty_l[s], kReleases);
+      v1::mbar_init(&smem.empty_r[s], kReleases);
     }
     v1::fence_mbar_init();
   }
-  __syncthreads();
+  // NOTE: the pair's barriers take the other CTA's arrivals and boxes from here on.
+  if constexpr (kPair) {
+    v1::cluster_sync_relaxed();
+  } else {
+    __syncthreads();
+  }
 }
 
 struct NoHook {
@@ -89,11 +95,16 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
 // kEvictFirst: the boxes carry an evict-first L2 policy (v2's direct split only:
 // docs/perf-notes.md, Changes 35 and 35b).
-template <typename Traits, bool kEvictFirst = false>
+// kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
+// the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
+// chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-v2.md,
+// Pairs).
+template <typename Traits, bool kEvictFirst = false, bool kPair = false>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const v1::TileWork& w,
                                                const CUtensorMap* kv_map,
                                                typename Traits::SharedMemoryPlan& smem, int piece,
-                                               uint32_t used0 = 0, uint32_t used1 = 0) {
+                                               uint32_t used0 = 0, uint32_t used1 = 0,
+                                               uint32_t rank = 0) {
   static_assert(Traits::kStages == 2, "blocks alternate between two stages");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);  // rows per box
@@ -127,19 +138,45 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
       v1::mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
       if (cur_has) {
         typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
-        if constexpr (kEvictFirst) {
-          v1::tma_load_3d_hint(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur, policy);
+        const int32_t col = c * Traits::kChunkCols;
+        if constexpr (kPair) {
+          if (static_cast<uint32_t>(c & 1) == rank) {
+            if constexpr (kEvictFirst) {
+              v1::tma_load_3d_multicast_hint(dst, kv_map, bar, col, row_in_page, cur, 0x3, policy);
+            } else {
+              v1::tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
+            }
+          }
+        } else if constexpr (kEvictFirst) {
+          v1::tma_load_3d_hint(dst, kv_map, bar, col, row_in_page, cur, policy);
         } else {
-          v1::tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, cur);
+          v1::tma_load_3d(dst, kv_map, bar, col, row_in_page, cur);
         }
       }
     };
+    // NOTE: kPair: the other CTA's arrivals too. Its consumers' last reads were wgmma operand
+    // reads, which their wait_group completed before the arrive; acquire at CTA scope (CUTLASS's
+    // cluster pipelines do the same) keeps ptxas from invalidating L1 after every wait.
     v1::mbar_wait(&smem.empty_l[stage], phase ^ 1);
 #pragma unroll
     for (int c = 0; c < Traits::kLeftChunks; ++c) load_chunk(c);
     v1::mbar_wait(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll
     for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) load_chunk(c);
+  }
+}
+
+// kPair: the producer's last wait. A CTA of a pair exits only once both CTAs' consumers have
+// released every block its ring held (`used0`, `used1`: all of them): the other CTA's consumers
+// arrive on its empty barriers until then.
+template <typename Traits>
+__device__ __forceinline__ void drain_pair_ring(typename Traits::SharedMemoryPlan& smem,
+                                                uint32_t used0, uint32_t used1) {
+  const uint32_t used[2] = {used0, used1};
+#pragma unroll
+  for (int s = 0; s < Traits::kStages; ++s) {
+    v1::mbar_wait(&smem.empty_l[s], (used[s] & 1) ^ 1);
+    v1::mbar_wait(&smem.empty_r[s], (used[s] & 1) ^ 1);
   }
 }
 

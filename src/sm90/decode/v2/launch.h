@@ -12,9 +12,13 @@ namespace mla::sm90::v2 {
 // tiles of 64 query rows, workspace layout and kv_cache tensor map); one explicit instantiation
 // per supported element type (query and kv_cache alike). Grid (num_tiles, params.num_parts) over
 // the balanced schedule, or, with `direct_split` (a call of one request), (num_tiles,
-// params.num_splits) equal runs of the request's blocks in the uniform layout.
+// params.num_splits) equal runs of the request's blocks in the uniform layout. `pair`: tiles 2k
+// and 2k + 1 of a request read the same blocks (their rows are of the same query tokens), so the
+// kernel may run them as a cluster of two sharing each block's loads (docs/sm90-v2.md, Pairs); it
+// does where the device holds the whole grid in such clusters at once.
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, bool direct_split, cudaStream_t stream, bool pdl);
+                          int num_tiles, bool direct_split, bool pair, cudaStream_t stream,
+                          bool pdl);
 
 }  // namespace mla::sm90::v2

@@ -29,6 +29,8 @@
 
 #include <cute/tensor.hpp>
 
+#include <array>
+#include <atomic>
 #include <climits>
 #include <type_traits>
 
@@ -84,7 +86,7 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
   smem.out_scale[r] = bmm2_scale_of(p);
 }
 
-template <Elem E, bool kDirect>
+template <Elem E, bool kDirect, bool kPair>
 __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -102,7 +104,9 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   pdl_launch_dependents();
 
   const int issuers = producer_issuers<Traits>(p);
-  init_ring_barriers<Traits>(smem, issuers);
+  init_ring_barriers<Traits, kPair>(smem, issuers);
+  // kPair: the other CTA of the cluster (tile blockIdx.x ^ 1) walks the same blocks.
+  const uint32_t rank = kPair ? v1::cluster_ctarank() : 0;
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
@@ -123,11 +127,12 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
       int64_t partial_row0;
       while (cursor.next(p, w, partial_row0)) {
         if (w.block_begin >= w.block_end) continue;
-        produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, used0, used1);
+        produce_chunks<Traits, kDirect, kPair>(p, w, &kv_map, smem, piece, used0, used1, rank);
         const uint32_t n = w.block_end - w.block_begin;
         used0 += (n + 1) / 2;
         used1 += n / 2;
       }
+      if constexpr (kPair) drain_pair_ring<Traits>(smem, used0, used1);
     }
     return;
   }
@@ -297,10 +302,14 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
     // consumer 0; V_R and P for consumer 1) are done.
     // NOTE: elect.sync, not lane == 0: ptxas re-read the thread index (S2R) before each arrive.
+    // kPair: the other CTA's producer refills this stage too (multicast): it gets the arrive too.
     auto release = [&](int stage) {
       __syncwarp();
-      if (cute::elect_one_sync())
-        mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
+      if (cute::elect_one_sync()) {
+        uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
+        mbar_arrive(bar);
+        if constexpr (kPair) v1::mbar_arrive_cluster(bar, rank ^ 1);
+      }
     };
 
     // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
@@ -633,16 +642,58 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
 }
 
+// Clusters of two CTAs of the paired kernel that the device holds at once (read once per device;
+// 0 where the query fails).
+template <Elem E, bool kDirect>
+int pair_clusters_resident() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> resident{};  // count + 1; 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
+  const int known = resident[device].load();
+  if (known > 0) return known - 1;
+  auto* kernel = &seesaw_kernel<E, kDirect, true>;
+  int count = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           SeesawTraits<E>::kSmemBytes) == cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(2, 1);
+    config.blockDim = dim3(SeesawTraits<E>::kThreads);
+    config.dynamicSmemBytes = SeesawTraits<E>::kSmemBytes;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 2;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) count = 0;
+  }
+  (void)cudaGetLastError();  // a failed query leaves no error for the next launch to report
+  resident[device].store(count + 1);
+  return count;
+}
+
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
+                          int num_tiles, bool direct_split, bool pair, cudaStream_t stream,
+                          bool pdl) {
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = direct_split ? &seesaw_kernel<E, true> : &seesaw_kernel<E, false>;
+  const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
+  // Pairs only where the device holds the whole grid at once, as the schedule assumes.
+  if (pair) {
+    const int clusters =
+        direct_split ? pair_clusters_resident<E, true>() : pair_clusters_resident<E, false>();
+    pair = num_tiles % 2 == 0 && static_cast<int64_t>(grid.x) * grid.y <= 2LL * clusters;
+  }
+  auto* kernel =
+      pair ? (direct_split ? &seesaw_kernel<E, true, true> : &seesaw_kernel<E, false, true>)
+           : (direct_split ? &seesaw_kernel<E, true, false> : &seesaw_kernel<E, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
+  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
+                            params, kv_map);
 }
 
 }  // namespace mla::sm90::v2
