@@ -921,11 +921,11 @@ std::vector<Case> direct_split_cases() {
 }
 
 // v2's pairs (tiles 2k and 2k + 1 of a request in a cluster of two that loads each block once for
-// both; by default from 6 tiles up: H = 128 and at least 3 query tokens): the balanced schedule
-// and the direct split, pages of 16 and 32 keys (several issuers per block), ragged queries with
-// tile pairs past a request's rows, a custom mask, sinks, fp16. CTest runs this suite a second
-// time with MLA_SM90_PAIR=1, which pairs every call that allows it: also 2 tiles at max_q_len 1
-// (H 65 .. 128, the second tile part padding).
+// both; on the balanced schedule from 6 tiles up: H = 128 and at least 3 query tokens): pages of
+// 16 and 32 keys (several issuers per block), ragged queries with tile pairs past a request's
+// rows, a custom mask, sinks, fp16, a long request among short ones. CTest runs this suite a
+// second time with MLA_SM90_PAIR=1, which pairs every balanced-schedule call that allows it: also
+// 2 tiles at max_q_len 1 (H 65 .. 128, the second tile part padding).
 std::vector<Case> pair_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -941,11 +941,11 @@ std::vector<Case> pair_cases() {
   c.seq_lens = {700, 6, 9, 2000, 129};
   add(c);
   c = Case();
-  c.B = 1;
+  c.B = 2;
   c.H = 128;
   c.q_len = 4;
   c.page_size = 32;
-  c.seq_lens = {30001};
+  c.seq_lens = {30001, 17};
   c.sinks = true;
   add(c);
   c = Case();
@@ -976,19 +976,19 @@ std::vector<Case> pair_cases() {
   c.seq_lens = {700, 0, 1, 2000, 129};
   add(c);
   c = Case();
-  c.B = 1;
+  c.B = 2;
   c.H = 72;
   c.q_len = 1;
   c.page_size = 16;
-  c.seq_lens = {3001};
+  c.seq_lens = {3001, 0};
   c.sinks = true;
   add(c);
   c = Case();
-  c.B = 1;
+  c.B = 3;
   c.H = 128;
   c.q_len = 1;
   c.page_size = 64;
-  c.seq_lens = {100 * 1024 + 1};
+  c.seq_lens = {100 * 1024 + 1, 5, 700};
   add(c);
   return cases;
 }

@@ -204,10 +204,11 @@ bool v2_direct(const Problem& p) {
 
 // v2's pairs: tiles 2k and 2k + 1 of every request cover the same query tokens (one token per
 // tile pair at H = 128; one token at max_q_len 1), so their blocks and key ranges are the same and
-// a cluster of the two loads each block once for both (docs/sm90-v2.md, Pairs). Taken from
-// kPairMinTiles tiles per request up: below that the two CTAs' lockstep cost more than the halved
-// L2 traffic gave (docs/perf-notes.md, Change 59). MLA_SM90_PAIR=0 keeps every call unpaired,
-// =1 pairs every call that allows it (comparisons and tests; results are the same).
+// a cluster of the two loads each block once for both (docs/sm90-v2.md, Pairs). Taken on the
+// balanced schedule from kPairMinTiles tiles per request up: below that, and on the direct split
+// at any tile count, the two CTAs' lockstep cost more than the halved L2 traffic gave
+// (docs/perf-notes.md, Change 59). MLA_SM90_PAIR=0 keeps every call unpaired, =1 pairs every
+// balanced-schedule call that allows it (comparisons and tests; results are the same).
 constexpr int64_t kPairMinTiles = 6;
 bool v2_pair(const Problem& p) {
   static const int forced = [] {
@@ -553,7 +554,7 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
         schedule_view(layout, workspace, p.batch, k);
       }
       const int tiles = static_cast<int>(v1_tiles(p));
-      const bool pair = v2_pair(p);
+      const bool pair = !layout.direct && v2_pair(p);
       return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
                                                                pair, stream, pdl)
                               : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,

@@ -15,7 +15,7 @@ namespace mla::sm90::v2 {
 // params.num_splits) equal runs of the request's blocks in the uniform layout. `pair`: tiles 2k
 // and 2k + 1 of a request read the same blocks (their rows are of the same query tokens), so the
 // kernel may run them as a cluster of two sharing each block's loads (docs/sm90-v2.md, Pairs); it
-// does where the device holds the whole grid in such clusters at once.
+// does on the balanced schedule where the device holds the whole grid in such clusters at once.
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           int num_tiles, bool direct_split, bool pair, cudaStream_t stream,

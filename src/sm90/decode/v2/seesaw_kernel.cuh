@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kDirect, v1::SplitCursor, v1::PartCursor>;
+  static_assert(!(kDirect && kPair), "pairs run on the balanced schedule (docs/sm90-v2.md, Pairs)");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
 
   extern __shared__ uint8_t smem_raw[];
@@ -644,7 +645,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
 
 // Clusters of two CTAs of the paired kernel that the device holds at once (read once per device;
 // 0 where the query fails).
-template <Elem E, bool kDirect>
+template <Elem E>
 int pair_clusters_resident() {
   constexpr int kMaxDevices = 64;
   static std::array<std::atomic<int>, kMaxDevices> resident{};  // count + 1; 0: not read yet
@@ -652,7 +653,7 @@ int pair_clusters_resident() {
   if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
   const int known = resident[device].load();
   if (known > 0) return known - 1;
-  auto* kernel = &seesaw_kernel<E, kDirect, true>;
+  auto* kernel = &seesaw_kernel<E, false, true>;
   int count = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            SeesawTraits<E>::kSmemBytes) == cudaSuccess) {
@@ -681,15 +682,13 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  // Pairs only where the device holds the whole grid at once, as the schedule assumes.
-  if (pair) {
-    const int clusters =
-        direct_split ? pair_clusters_resident<E, true>() : pair_clusters_resident<E, false>();
-    pair = num_tiles % 2 == 0 && static_cast<int64_t>(grid.x) * grid.y <= 2LL * clusters;
-  }
-  auto* kernel =
-      pair ? (direct_split ? &seesaw_kernel<E, true, true> : &seesaw_kernel<E, false, true>)
-           : (direct_split ? &seesaw_kernel<E, true, false> : &seesaw_kernel<E, false, false>);
+  // Pairs on the balanced schedule only, and only where the device holds the whole grid in
+  // clusters of two at once, as the schedule assumes.
+  pair = pair && !direct_split && num_tiles % 2 == 0 &&
+         static_cast<int64_t>(grid.x) * grid.y <= 2LL * pair_clusters_resident<E>();
+  auto* kernel = direct_split
+                     ? &seesaw_kernel<E, true, false>
+                     : (pair ? &seesaw_kernel<E, false, true> : &seesaw_kernel<E, false, false>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
