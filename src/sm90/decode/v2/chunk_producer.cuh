@@ -106,6 +106,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
                                                uint32_t used0 = 0, uint32_t used1 = 0,
                                                uint32_t rank = 0) {
   static_assert(Traits::kStages == 2, "blocks alternate between two stages");
+  static_assert(!(kPair && kEvictFirst), "pairs run on the balanced schedule only");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);  // rows per box
   const int page_shift = p.page_shift;
@@ -141,11 +142,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
         const int32_t col = c * Traits::kChunkCols;
         if constexpr (kPair) {
           if (static_cast<uint32_t>(c & 1) == rank) {
-            if constexpr (kEvictFirst) {
-              v1::tma_load_3d_multicast_hint(dst, kv_map, bar, col, row_in_page, cur, 0x3, policy);
-            } else {
-              v1::tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
-            }
+            v1::tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
           }
         } else if constexpr (kEvictFirst) {
           v1::tma_load_3d_hint(dst, kv_map, bar, col, row_in_page, cur, policy);

@@ -655,8 +655,9 @@ int pair_clusters_resident() {
   if (known > 0) return known - 1;
   auto* kernel = &seesaw_kernel<E, false, true>;
   int count = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           SeesawTraits<E>::kSmemBytes) == cudaSuccess) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         SeesawTraits<E>::kSmemBytes);
+  if (err == cudaSuccess) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(2, 1);
     config.blockDim = dim3(SeesawTraits<E>::kThreads);
@@ -668,9 +669,12 @@ int pair_clusters_resident() {
     attribute[0].val.clusterDim.z = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) count = 0;
+    err = cudaOccupancyMaxActiveClusters(&count, kernel, &config);
   }
-  (void)cudaGetLastError();  // a failed query leaves no error for the next launch to report
+  if (err != cudaSuccess) {
+    count = 0;                 // the launch runs unpaired
+    (void)cudaGetLastError();  // and does not report this query's error as its own
+  }
   resident[device].store(count + 1);
   return count;
 }
