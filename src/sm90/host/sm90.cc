@@ -554,7 +554,7 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
         schedule_view(layout, workspace, p.batch, k);
       }
       const int tiles = static_cast<int>(v1_tiles(p));
-      const bool pair = !layout.direct && v2_pair(p);
+      const bool pair = v2_pair(p);  // the launch runs the direct split unpaired
       return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
                                                                pair, stream, pdl)
                               : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,

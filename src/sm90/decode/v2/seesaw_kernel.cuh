@@ -687,8 +687,8 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
   // Pairs on the balanced schedule only, and only where the device holds the whole grid in
-  // clusters of two at once, as the schedule assumes.
-  pair = pair && !direct_split && num_tiles % 2 == 0 &&
+  // clusters of two at once, as the schedule assumes (`pair` implies an even tile count).
+  pair = pair && !direct_split &&
          static_cast<int64_t>(grid.x) * grid.y <= 2LL * pair_clusters_resident<E>();
   auto* kernel = direct_split
                      ? &seesaw_kernel<E, true, false>
