@@ -21,6 +21,7 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/v2/seesaw_bf16.cu
     src/sm90/decode/v2/seesaw_fp16.cu
     src/sm90/decode/v2/schedule.cu
+    src/sm90/decode/v2/launch_record.cc
     # rows: the transposed kernel for at most 32 query rows per request (one file per dtype and N).
     src/sm90/decode/rows/few_rows_bf16_r16.cu
     src/sm90/decode/rows/few_rows_bf16_r32.cu

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "common/test_util.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
+#include "sm90/decode/v2/launch.h"
 
 namespace {
 
@@ -1042,6 +1044,44 @@ INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Pairs, Sm90Decode, ::testing::ValuesIn(pair_cases()), param_name);
+
+// Which kernel the pair policy runs (the results alone cannot tell: paired and unpaired agree):
+// from 6 tiles per request on the balanced schedule paired, where the device holds the grid in
+// clusters of two (an H200 holds 66 at once); 2 tiles unpaired; a call of one request (the direct
+// split) never. MLA_SM90_PAIR=0 / =1 take every balanced-schedule call off pairs / onto them.
+TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
+  SKIP_WITHOUT_HOPPER();
+  const char* env = std::getenv("MLA_SM90_PAIR");
+  const std::string forced = env == nullptr ? "" : env;
+  struct Expect {
+    int B, q_len;
+    bool direct, paired;
+  };
+  const Expect expects[] = {
+      {3, 4, false, forced != "0"},  // 8 tiles per request
+      {3, 1, false, forced == "1"},  // 2 tiles
+      {1, 4, true, false},           // the direct split
+  };
+  for (const Expect& e : expects) {
+    Case c;
+    c.B = e.B;
+    c.H = 128;
+    c.q_len = e.q_len;
+    c.page_size = 64;
+    c.seq_lens = {1500, 70, 9};
+    c.seq_lens.resize(c.B);
+    c.seed = 3600 + e.B * 10 + e.q_len;
+    std::unique_ptr<Built> b = build(deepseek(c));
+    DeviceCall call(*b);
+    mla::sm90::v2::note_seesaw_launch({!e.direct, !e.paired});  // the opposite of the expectation
+    ASSERT_TRUE(run_on_gpu(call.params));
+    const mla::sm90::v2::SeesawLaunch ran = mla::sm90::v2::last_seesaw_launch();
+    EXPECT_EQ(ran.direct_split, e.direct) << "B " << e.B << " q_len " << e.q_len;
+    EXPECT_EQ(ran.paired, e.paired) << "B " << e.B << " q_len " << e.q_len;
+    call.download(*b);
+    check_sm90(*b);
+  }
+}
 
 // ---- Empty batches ----------------------------------------------------------------------------
 

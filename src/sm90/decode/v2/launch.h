@@ -21,4 +21,14 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
                           int num_tiles, bool direct_split, bool pair, cudaStream_t stream,
                           bool pdl);
 
+// Which kernel the last launch_seesaw on the calling host thread ran (launch_record.cc). The sm90
+// tests read it: that the pair policy and the device's cluster capacity put a call where its
+// shape says it goes is otherwise invisible in the results.
+struct SeesawLaunch {
+  bool direct_split = false;
+  bool paired = false;
+};
+SeesawLaunch last_seesaw_launch();
+void note_seesaw_launch(SeesawLaunch launch);
+
 }  // namespace mla::sm90::v2

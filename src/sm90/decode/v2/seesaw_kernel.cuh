@@ -39,6 +39,7 @@
 #include "sm90/decode/v1/kv_pipeline.cuh"
 #include "sm90/decode/v1/ptx.cuh"
 #include "sm90/decode/v2/chunk_producer.cuh"
+#include "sm90/decode/v2/launch.h"
 #include "sm90/decode/v2/traits.h"
 
 namespace mla::sm90::v2 {
@@ -690,6 +691,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   // clusters of two at once, as the schedule assumes (`pair` implies an even tile count).
   pair = pair && !direct_split &&
          static_cast<int64_t>(grid.x) * grid.y <= 2LL * pair_clusters_resident<E>();
+  note_seesaw_launch({direct_split, pair});
   auto* kernel = direct_split
                      ? &seesaw_kernel<E, true, false>
                      : (pair ? &seesaw_kernel<E, false, true> : &seesaw_kernel<E, false, false>);
