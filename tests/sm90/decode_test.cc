@@ -380,6 +380,17 @@ std::vector<Case> feature_cases() {
       add(c);
     }
   }
+  // Peaky scores on the seesaw kernel (balanced schedule and direct split): the running max jumps
+  // past its slack mid-request and moves within it too.
+  for (double bmm1 : {2.0, 20.0}) {
+    Case c;
+    c.B = bmm1 == 2.0 ? 2 : 1;
+    c.H = bmm1 == 2.0 ? 128 : 64;
+    c.q_len = bmm1 == 2.0 ? 1 : 2;
+    c.seq_lens = bmm1 == 2.0 ? std::vector<int>{3000, 650} : std::vector<int>{5000};
+    c.bmm1 = bmm1 / 4;
+    add(c);
+  }
   // Sparse: lens none / per request / per token, dense and ragged queries.
   using oracle::TopkLens;
   for (TopkLens lens : {TopkLens::kNone, TopkLens::kPerRequest, TopkLens::kPerToken}) {

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using Cursor = std::conditional_t<kDirect, v1::SplitCursor, v1::PartCursor>;
   static_assert(!(kDirect && kPair), "pairs run on the balanced schedule (docs/sm90-v2.md, Pairs)");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
+  constexpr float kMaxSlack = 8.0f;  // base 2
 
   extern __shared__ uint8_t smem_raw[];
   Plan& smem = shared_plan<Plan>(smem_raw);
@@ -414,7 +415,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         float m_new[2], a_new[2];
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-          m_new[s] = fmaxf(m_in[s], block_max[s]);
+          // NOTE: the running max moves only where the block's exceeds it by more than
+          // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
+          // factor of 1 lets a warp skip its rescales (docs/perf-notes.md, Change 63).
+          m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
           const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
           a_new[s] = exp2f(m_in[s] - m_use);
           // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
