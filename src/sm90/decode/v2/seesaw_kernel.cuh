@@ -24,6 +24,7 @@
 //   c1: S1;                  (waits for c0) O_R = a0 O_R + P0 V0_R  while
 //       m1 = max(m0, rowmax S1), a1 = exp2(m0 - m1), P1 = exp2(S1 - m1) -> c0; O_R = a1 O_R + P1
 //       V1_R
+// (max(m, x) here: x where it exceeds m by more than kMaxSlack, else m; docs/sm90-v2.md, Softmax.)
 // Longer rationale: docs/sm90-v2.md.
 #pragma once
 
