@@ -237,10 +237,13 @@ Problem validate(const DecodeParams& prm) {
     check_dim(prm.cum_seq_lens_q, "cum_seq_lens_q", 0, p.batch + 1,
               "length B + 1 (B from seq_lens) =");
     check_last_contiguous(prm.cum_seq_lens_q, "cum_seq_lens_q");
-    MLA_CHECK_ARG(prm.max_q_len == -1 || prm.max_q_len >= 1, ErrorCode::kInvalidArgument,
-                  "max_q_len: expected -1 (unknown) or a positive upper bound of the query "
-                  "lengths, got "
-                      << prm.max_q_len);
+    // 0 bounds the lengths of a call without query tokens (T = 0, a no-op), and no other.
+    MLA_CHECK_ARG(
+        prm.max_q_len == -1 || prm.max_q_len >= 1 || (prm.max_q_len == 0 && p.num_tokens == 0),
+        ErrorCode::kInvalidArgument,
+        "max_q_len: expected -1 (unknown) or an upper bound of the query lengths (at least 1 "
+        "when the query has tokens, 0 allowed without), got "
+            << prm.max_q_len << " with " << p.num_tokens << " query tokens");
     p.max_q_len = prm.max_q_len == -1 ? p.num_tokens : prm.max_q_len;
   } else {
     p.batch = prm.query.shape[0];

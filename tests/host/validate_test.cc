@@ -846,12 +846,14 @@ TEST_F(ValidateTest, MaxQLenDenseMustMatchQLen) {
   decode_ok();
 }
 
+// 0 only where the query has no tokens (RaggedWithoutQueryTokensIsANoOp).
 TEST_F(ValidateTest, MaxQLenRaggedMustBePositiveOrMinusOne) {
   make_ragged();
   for (int32_t v : {0, -2}) {
     p_.max_q_len = v;
     expect_error(ErrorCode::kInvalidArgument, "max_q_len",
-                 {"expected -1 (unknown) or a positive upper bound", "got " + std::to_string(v)});
+                 {"expected -1 (unknown) or an upper bound of the query lengths",
+                  "got " + std::to_string(v) + " with "});
   }
   p_.max_q_len = 2;
   decode_ok();
@@ -1526,6 +1528,13 @@ TEST_F(ValidateTest, RaggedWithoutQueryTokensIsANoOp) {
   poison();
   EXPECT_NO_THROW(mla::decode(p_));
   expect_untouched();
+
+  // The hint max_q_len = 0 is the true bound when there are no query tokens.
+  p_.max_q_len = 0;
+  refresh_workspace();
+  EXPECT_NO_THROW(mla::decode(p_));
+  expect_untouched();
+  p_.max_q_len = -1;
 
   // B = 0 and T = 0 together.
   for (TensorView* t : {&p_.seq_lens, &p_.block_tables}) t->shape[0] = 0;

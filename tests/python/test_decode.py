@@ -222,12 +222,14 @@ def test_batch_zero():
     out, lse = mla_decode.batch_decode(q, kv, bt, sl, kv_lora_rank=32, qk_rope_head_dim=16,
                                        return_lse=True)
     assert out.shape == (0, 1, 4, 32) and lse.shape == (0, 1, 4)
-    # Ragged with T = 0 tokens.
-    out = mla_decode.batch_decode(
-        np.zeros((0, 4, 48), np.float32), kv, np.zeros((2, 1), np.int32), np.zeros(2, np.int32),
-        kv_lora_rank=32, qk_rope_head_dim=16, cum_seq_lens_q=np.zeros(3, np.int32),
-    )
-    assert out.shape == (0, 4, 32)
+    # Ragged with T = 0 tokens, without a max_q_len hint and with the true bound 0.
+    for max_q_len in (None, 0):
+        out = mla_decode.batch_decode(
+            np.zeros((0, 4, 48), np.float32), kv, np.zeros((2, 1), np.int32), np.zeros(2, np.int32),
+            kv_lora_rank=32, qk_rope_head_dim=16, cum_seq_lens_q=np.zeros(3, np.int32),
+            max_q_len=max_q_len,
+        )
+        assert out.shape == (0, 4, 32)
 
 
 def test_strided_inputs(rng):
