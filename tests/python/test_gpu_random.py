@@ -15,14 +15,9 @@ import pytest
 
 import mla_decode
 from cases import make_case, random_mask, sparse_case
+from sm90_gpu import require_sm90
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device", allow_module_level=True)
-if torch.cuda.get_device_capability() != (9, 0):
-    pytest.skip("not a compute-capability 9.0 GPU", allow_module_level=True)
-if "sm90" not in mla_decode.available_backends():
-    pytest.skip("this build has no sm90 backend", allow_module_level=True)
+torch = require_sm90()
 
 from test_torch import reference_of, to_torch  # noqa: E402
 
