@@ -21,7 +21,7 @@ def _scalar(x: Any) -> float:
 
 def _mask_bits(mask: np.ndarray) -> np.ndarray:
     """[tokens, bits] booleans from packed little-endian words (uint32, or uint16 with 2W)."""
-    rows = np.ascontiguousarray(mask).reshape(mask.shape[0], -1)
+    rows = np.ascontiguousarray(mask).reshape(mask.shape[0], mask.shape[-1])
     as_bytes = rows.astype(rows.dtype.newbyteorder("<")).view(np.uint8)
     return np.unpackbits(as_bytes, axis=1, bitorder="little").astype(bool)
 
@@ -94,8 +94,10 @@ def reference(
         tokens = q.reshape(-1, H, D)
     T = tokens.shape[0]
 
-    bits = None if mask is None else _mask_bits(np.asarray(mask).reshape(T, -1))
-    sparse = None if sparse_indices is None else np.asarray(sparse_indices).reshape(T, -1)
+    # NOTE: the last dim by name, not -1: T may be 0.
+    bits = None if mask is None else _mask_bits(np.asarray(mask).reshape(T, np.shape(mask)[-1]))
+    sparse = (None if sparse_indices is None
+              else np.asarray(sparse_indices).reshape(T, np.shape(sparse_indices)[-1]))
     lens = None if sparse_topk_lens is None else np.asarray(sparse_topk_lens)
     s1, s2 = _scalar(bmm1_scale), _scalar(bmm2_scale)
     sink = None if sinks is None else _f64(sinks)

@@ -1,10 +1,11 @@
 """Random combinations of the whole contract on the sm90 backend against the float64 reference.
 
 Each seed draws one call: heads 1..128, dense q_len 1..16 (causal) or ragged lengths 0..16, page
-sizes 1..256, seq_lens from 0 and below q_len to 70K, bf16 or fp16 in and out, 3-D or 4-D KV,
-padded query strides, sinks, custom masks, sparse top-k with and without lens, scales as floats
-or device tensors, skip-softmax at f = 1e-30 (the dense result), PDL and the checked mode. Outputs
-are NaN-poisoned, unused KV rows and pages hold NaN, unused block_tables slots an invalid page.
+sizes 1..256, seq_lens from 0 and below q_len to 70K, every dtype pair (fp8 ones on the v0
+kernel), bf16 or fp16 out, 3-D or 4-D KV, padded query strides, sinks, custom masks, sparse top-k
+with and without lens, scales as floats or device tensors, skip-softmax at f = 1e-30 (the dense
+result), PDL and the checked mode. Outputs are NaN-poisoned, unused KV rows and pages hold NaN,
+unused block_tables slots an invalid page.
 Skipped unless PyTorch sees a compute-capability 9.0 GPU and this build has the sm90 backend.
 """
 
@@ -21,16 +22,17 @@ torch = require_sm90()
 
 from test_torch import reference_of, to_torch  # noqa: E402
 
-# out: |err| <= tol * (1 + |ref|), tol from the coarser of the input and output dtypes (P is
-# rounded to the input dtype before P V). lse: fp32 from fp32 scores.
-OUT_TOL = {"bfloat16": 2e-2, "float16": 5e-3}
+# out: |err| <= tol * (1 + |ref|), tol from the coarsest of the input and output dtypes (P is
+# rounded to a 16-bit or 8-bit type before P V). lse: fp32 from fp32 scores.
+OUT_TOL = {"bfloat16": 2e-2, "float16": 5e-3, "float8_e4m3fn": 5e-2}
 LSE_ATOL = 2e-5
 LSE_RTOL = 2e-5
 MAX_REFERENCE_WORK = 2e7  # query rows x longest sequence, to keep the float64 reference quick
 
 
 def draw(seed):
-    """One random call: (case, call kwargs, reference kwargs, out dtype, sparse, description)."""
+    """One random call: (case, call kwargs, reference kwargs, (kv dtype, out dtype), sparse,
+    description)."""
     rng = np.random.default_rng(seed)
     H = int(rng.integers(1, 129)) if rng.random() < 0.5 else int(rng.choice([16, 32, 64, 128]))
     B = int(rng.integers(1, 6))
@@ -55,8 +57,16 @@ def draw(seed):
             seq.append(int(rng.integers(max(n, 1), 3000)))
     rows = max(sum(q_lens) * H, 1)
     seq = [min(s, max(n, int(MAX_REFERENCE_WORK // rows))) for n, s in zip(q_lens, seq)]
-    dt = str(rng.choice(["bfloat16", "float16"]))
-    out_dt = dt if rng.random() < 0.7 else ("float16" if dt == "bfloat16" else "bfloat16")
+    r = rng.random()
+    if r < 0.1:
+        q_dt = kv_dt = "float8_e4m3fn"
+    elif r < 0.2:
+        q_dt, kv_dt = "bfloat16", "float8_e4m3fn"
+    else:
+        q_dt = kv_dt = str(rng.choice(["bfloat16", "float16"]))
+    # out: mostly the query's 16-bit type, else either (fp8 queries: either).
+    out_dt = (q_dt if q_dt != "float8_e4m3fn" and rng.random() < 0.7
+              else str(rng.choice(["bfloat16", "float16"])))
     case = make_case(rng, batch=B, q_len=q_len, heads=H, kv_lora_rank=512, rope_dim=64,
                      page_size=page, seq_lens=seq, ragged_q_lens=q_lens if ragged else None,
                      kv_4d=bool(rng.random() < 0.2))
@@ -76,7 +86,7 @@ def draw(seed):
         if lens is not None:
             kw["sparse_topk_lens"] = torch.from_numpy(lens).cuda()
             ref_kw["sparse_topk_lens"] = lens
-    case = to_torch(case, dt, dt, "cuda")
+    case = to_torch(case, q_dt, kv_dt, "cuda")
     if rng.random() < 0.1:
         kw["skip_softmax_threshold_scale_factor"] = 1e-30
     bmm1, bmm2 = float(rng.uniform(0.02, 0.09)), float(rng.uniform(0.5, 2.0))
@@ -98,19 +108,20 @@ def draw(seed):
         kw["max_q_len"] = q_len
     if rng.random() < 0.2:  # head and batch strides of a wider query
         q = case.query
-        wide = torch.full(q.shape[:-2] + (H + 3, q.shape[-1]), float("nan"), dtype=q.dtype,
-                          device="cuda")
+        wide = torch.full(q.shape[:-2] + (H + 3, q.shape[-1]), float("nan"),
+                          device="cuda").to(q.dtype)
         wide[..., :H, :] = q
         case.query = wide[..., :H, :]
     kw.update(enable_pdl=bool(rng.random() < 0.5), validate_indices=bool(rng.random() < 0.2))
     desc = (f"B={B} H={H} q_lens={q_lens if ragged else q_len} page={page} seq={seq} "
-            f"{dt}->{out_dt} " + " ".join(k for k in kw if k not in ("bmm1_scale", "bmm2_scale")))
-    return case, kw, ref_kw, out_dt, sparse, desc
+            f"{q_dt}/{kv_dt}->{out_dt} "
+            + " ".join(k for k in kw if k not in ("bmm1_scale", "bmm2_scale")))
+    return case, kw, ref_kw, (kv_dt, out_dt), sparse, desc
 
 
 @pytest.mark.parametrize("seed", range(9000, 9096))
 def test_random_contract_case(seed):
-    case, kw, ref_kw, out_dt, sparse, desc = draw(seed)
+    case, kw, ref_kw, (kv_dt, out_dt), sparse, desc = draw(seed)
     lead = tuple(case.query.shape[:-1])
     out = torch.full(lead + (512,), float("nan"), dtype=getattr(torch, out_dt), device="cuda")
     lse = torch.full(lead, float("nan"), dtype=torch.float32, device="cuda")
@@ -121,7 +132,8 @@ def test_random_contract_case(seed):
     ref_out, ref_lse = reference_of(case, **ref_kw)
     got_out = out.cpu().to(torch.float64).numpy()
     got_lse = lse.cpu().to(torch.float64).numpy()
-    tol = max(OUT_TOL[out_dt], OUT_TOL[str(case.query.dtype).removeprefix("torch.")])
+    q_dt = str(case.query.dtype).removeprefix("torch.")
+    tol = max(OUT_TOL[q_dt], OUT_TOL[kv_dt], OUT_TOL[out_dt])
     assert not np.isnan(got_out).any(), desc
     out_err = np.abs(got_out - ref_out) - tol * (1 + np.abs(ref_out))
     assert (out_err <= 0).all(), f"{desc}: out off by up to {np.abs(got_out - ref_out).max():.3g}"
