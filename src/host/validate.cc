@@ -248,10 +248,8 @@ Problem validate(const DecodeParams& prm) {
   } else {
     p.batch = prm.query.shape[0];
     p.q_len = prm.query.shape[1];
+    // q_len 0 leaves the call without query tokens (T = 0): a no-op, as in the ragged layout.
     p.num_tokens = mul_sat(p.batch, p.q_len);
-    MLA_CHECK_ARG(
-        p.q_len >= 1, ErrorCode::kInvalidArgument,
-        "query: expected q_len (dim 1) of at least 1, got shape " << shape_str(prm.query));
     check_dim(prm.seq_lens, "seq_lens", 0, p.batch, "length B (query dim 0) =");
     MLA_CHECK_ARG(prm.max_q_len == -1 || prm.max_q_len == p.q_len, ErrorCode::kInvalidArgument,
                   "max_q_len: expected -1 or q_len " << p.q_len << " for dense queries, got "

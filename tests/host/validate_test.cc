@@ -454,12 +454,24 @@ TEST_F(ValidateTest, QueryZeroHeadsRagged) {
                {"expected at least 1 head (dim 1)", "[3, 0, 48]"});
 }
 
-TEST_F(ValidateTest, QueryZeroQLen) {
-  p_.query.shape[1] = 0;
+// q_len 0: no query tokens (T = 0), a no-op (SPEC.md section 3), with every dense option.
+TEST_F(ValidateTest, DenseWithoutQueryTokensIsANoOp) {
+  make_full_dense();
+  for (TensorView* t : {&p_.query, &p_.out, &p_.lse, &p_.mask}) t->shape[1] = 0;
+  for (int32_t max_q_len : {-1, 0}) {
+    p_.max_q_len = max_q_len;
+    refresh_workspace();
+    poison();
+    EXPECT_NO_THROW(mla::decode(p_));
+    expect_untouched();
+  }
+  // The other arguments are still checked against q_len 0.
+  p_.out.shape[1] = 1;
+  expect_error(ErrorCode::kInvalidArgument, "out", {"[2, 1, 4, 32]"});
   p_.out.shape[1] = 0;
-  p_.lse.shape[1] = 0;
-  expect_error(ErrorCode::kInvalidArgument, "query",
-               {"expected q_len (dim 1) of at least 1", "[2, 0, 4, 48]"});
+  p_.max_q_len = 1;
+  expect_error(ErrorCode::kInvalidArgument, "max_q_len",
+               {"expected -1 or q_len 0 for dense queries", "got 1"});
 }
 
 // ---- Head dims ----

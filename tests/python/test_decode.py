@@ -222,6 +222,13 @@ def test_batch_zero():
     out, lse = mla_decode.batch_decode(q, kv, bt, sl, kv_lora_rank=32, qk_rope_head_dim=16,
                                        return_lse=True)
     assert out.shape == (0, 1, 4, 32) and lse.shape == (0, 1, 4)
+    # Dense q_len 0: T = 0 tokens of B = 2 requests (SPEC.md section 3), with a mask.
+    out, lse = mla_decode.batch_decode(
+        np.zeros((2, 0, 4, 48), np.float32), kv, np.zeros((2, 1), np.int32),
+        np.array([3, 0], np.int32), kv_lora_rank=32, qk_rope_head_dim=16,
+        mask=np.zeros((2, 0, 1), np.uint32), return_lse=True,
+    )
+    assert out.shape == (2, 0, 4, 32) and lse.shape == (2, 0, 4)
     # Ragged with T = 0 tokens, without a max_q_len hint and with the true bound 0.
     for max_q_len in (None, 0):
         out = mla_decode.batch_decode(

@@ -1099,17 +1099,24 @@ TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
 
 // ---- Empty batches ----------------------------------------------------------------------------
 
+// T = 0: ragged requests without tokens, and a dense query of q_len 0.
 TEST(Sm90DecodeEmpty, ZeroTokensIsANoOp) {
   SKIP_WITHOUT_HOPPER();
-  Case c;
-  c.B = 2;
-  c.ragged_q_lens = {0, 0};
-  c.seq_lens = {5, 0};
-  std::unique_ptr<Built> b = build(deepseek(c));
-  DeviceCall call(*b);
-  ASSERT_TRUE(run_on_gpu(call.params));
-  call.download(*b);
-  EXPECT_TRUE(b->outputs_untouched());
+  for (bool ragged : {true, false}) {
+    Case c;
+    c.B = 2;
+    if (ragged) {
+      c.ragged_q_lens = {0, 0};
+    } else {
+      c.q_len = 0;
+    }
+    c.seq_lens = {5, 0};
+    std::unique_ptr<Built> b = build(deepseek(c));
+    DeviceCall call(*b);
+    ASSERT_TRUE(run_on_gpu(call.params)) << (ragged ? "ragged" : "dense");
+    call.download(*b);
+    EXPECT_TRUE(b->outputs_untouched()) << (ragged ? "ragged" : "dense");
+  }
 }
 
 // ---- Checked mode -----------------------------------------------------------------------------
