@@ -1,4 +1,4 @@
-// MLA decode: parameters, planning and execution. The contract is SPEC.md.
+// MLA decode: parameters, planning and execution. The contract is docs/contract.md.
 #pragma once
 
 #include <cstddef>
@@ -23,17 +23,20 @@ const char* backend_name(Backend backend);
 /// @brief Parses "auto", "sm90" or "cpu"; throws mla::Error (InvalidArgument) naming the others.
 Backend parse_backend(const std::string& name);
 
-/// @brief Every argument of one decode call (SPEC.md section 3). Optional tensors are left
+/// @brief Every argument of one decode call (docs/contract.md section 3). Optional tensors are left
 /// default-constructed (TensorView::defined() == false). B is the batch size, T the total number of
 /// query tokens of a ragged batch, H the number of heads, D = kv_lora_rank + qk_rope_head_dim.
 struct DecodeParams {
   // Inputs.
   TensorView query;     // [B, q_len, H, D], or [T, H, D] with cum_seq_lens_q; last dim contiguous
-  TensorView kv_cache;  // [P, page_size, D] or [P, 1, page_size, D]; last dim contiguous
-  TensorView block_tables;    // [B, max_pages] int32; dense mode only (optional in sparse mode)
+  TensorView kv_cache;  // [P, page_size, D] or [P, 1, page_size, D]; last dim contiguous; or
+                        // uint8 [P, page_size, 656] (fp8_ds_mla, with a bf16 query; D = 576)
+  TensorView block_tables;    // [B, max_pages] or [B, 2, max_pages] (separate K/V page tables,
+                              // row 1 equal to row 0) int32; dense mode only
   TensorView seq_lens;        // [B] int32, cached tokens per request including the query tokens
   TensorView cum_seq_lens_q;  // [B + 1] int32, optional: ragged queries (0 first, T last)
-  TensorView sinks;           // [H] fp32, optional: per-head sink logits (natural log, unscaled)
+  TensorView
+      sinks;  // [H] fp32, bf16 or fp16, optional: per-head sink logits (natural log, unscaled)
   TensorView mask;  // [B, q_len, W] / [T, W] uint32 (or uint16 with 2W), optional custom mask
   TensorView sparse_indices;     // [B, q_len, top_k] / [T, top_k] int32; sparse mode only
   TensorView sparse_topk_lens;   // [B] or [B, q_len] / [T] int32, optional (sparse mode)

@@ -1,9 +1,14 @@
-// cpu reference backend: MLA decode with fp32 accumulation (SPEC.md sections 1-2).
+// cpu reference backend: MLA decode with fp32 accumulation (docs/contract.md sections 1-2).
 //
 // Work mapping: one task per query token (b, i) computes all H heads of that token, so each block
 // of 64 keys is converted to fp32 once and shared by every head. Workers take tasks from an atomic
 // counter; each row is computed by one thread in a fixed order, so results are bitwise identical
 // run to run and independent of the worker count.
+//
+// Non-finite inputs (docs/contract.md section 1): a NaN or inf in a query row, in an attended key
+// row or in a scale makes out and lse NaN for exactly the rows it touches (a query row: its own
+// row; a key: every head of each token attending it; a scale: every row with keys). Rows without
+// keys stay empty (out 0, lse -inf). Keys that are not attended are never read.
 
 #include <algorithm>
 #include <array>
@@ -27,6 +32,14 @@ constexpr int kBlockKeys = 64;       // keys per online-softmax block and skip-s
 constexpr int64_t kMaxWorkers = 64;  // fixed, so the workspace size does not depend on the machine
 constexpr size_t kScratchAlign = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// fp8_ds_mla row (docs/contract.md section 1): byte offsets of its three parts.
+constexpr int kDsMlaLatent = 512;      // float8_e4m3 values, at byte 0
+constexpr int kDsMlaGroup = 128;       // values per fp32 scale
+constexpr int64_t kDsMlaScales = 512;  // 4 fp32 scales
+constexpr int64_t kDsMlaRope = 528;    // 64 bf16 rope values
+constexpr int kDsMlaRopeValues = 64;
 
 // ---- element formats ----
 
@@ -72,6 +85,26 @@ void convert_row(const uint8_t* src, Format format, int64_t offset, int n, float
   }
 }
 
+// dst[0, 576) = the key of one fp8_ds_mla row: 512 e4m3 values times their group's fp32 scale,
+// then 64 bf16 rope values.
+void convert_ds_mla_row(const uint8_t* row, float* dst) {
+  const std::array<float, 256>& table = fp8_e4m3_table();
+  for (int g = 0; g < kDsMlaLatent / kDsMlaGroup; ++g) {
+    const float scale = load<float>(row + kDsMlaScales, g);
+    for (int k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) dst[k] = table[row[k]] * scale;
+  }
+  for (int k = 0; k < kDsMlaRopeValues; ++k) {
+    dst[kDsMlaLatent + k] = bf16_to_float(load<uint16_t>(row + kDsMlaRope, k));
+  }
+}
+
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) {
+    if (!std::isfinite(x[k])) return false;
+  }
+  return true;
+}
+
 // dst[offset, offset + n) = scale * src[0, n), rounded to nearest even.
 void store_row(const float* src, float scale, int n, Format format, uint8_t* dst, int64_t offset) {
   if (format == Format::kBf16) {
@@ -87,12 +120,14 @@ struct Inputs {
   const Problem* problem = nullptr;
   const uint8_t* query = nullptr;  // [B, q_len, H, D] / [T, H, D]
   Format query_format = Format::kFp32;
-  const uint8_t* kv = nullptr;  // [P, page_size, D]
-  Format kv_format = Format::kFp32;
-  const int32_t* block_tables = nullptr;    // [B, max_pages]; dense mode
+  const uint8_t* kv = nullptr;       // [P, page_size, D], or [P, page_size, 656] bytes (fp8_ds_mla)
+  Format kv_format = Format::kFp32;  // plain rows only
+  bool kv_ds_mla = false;            // KvFormat::kFp8DsMla
+  const int32_t* block_tables = nullptr;    // [B, max_pages] or [B, 2, max_pages]; dense mode
   const int32_t* seq_lens = nullptr;        // [B]
   const int32_t* cum_seq_lens_q = nullptr;  // [B + 1]; ragged queries only
-  const float* sinks = nullptr;             // [H], optional
+  const uint8_t* sinks = nullptr;           // [H] fp32, bf16 or fp16, optional
+  Format sinks_format = Format::kFp32;
   int64_t sinks_stride = 0;
   const uint8_t* mask = nullptr;  // [B, q_len, W] / [T, W], optional (dense mode)
   int64_t mask_element_bytes = 4;
@@ -103,6 +138,13 @@ struct Inputs {
   float* lse = nullptr;  // [B, q_len, H] / [T, H], optional
   float bmm1_scale = 1.0f;
   float bmm2_scale = 1.0f;
+  bool scales_finite = true;  // false: every row with keys is NaN
+
+  float sink(int64_t h) const {
+    float value;
+    convert_row(sinks, sinks_format, h * sinks_stride, 1, &value);
+    return value;
+  }
 };
 
 Inputs resolve_inputs(const Problem& p, const DecodeParams& params) {
@@ -111,12 +153,14 @@ Inputs resolve_inputs(const Problem& p, const DecodeParams& params) {
   in.query = static_cast<const uint8_t*>(params.query.data);
   in.query_format = format_of(p.q_dtype, "query");
   in.kv = static_cast<const uint8_t*>(params.kv_cache.data);
-  in.kv_format = format_of(p.kv_dtype, "kv_cache");
+  in.kv_ds_mla = p.kv_format == KvFormat::kFp8DsMla;
+  if (!in.kv_ds_mla) in.kv_format = format_of(p.kv_dtype, "kv_cache");
   if (!p.sparse) in.block_tables = static_cast<const int32_t*>(params.block_tables.data);
   if (params.seq_lens.defined()) in.seq_lens = static_cast<const int32_t*>(params.seq_lens.data);
   if (p.ragged) in.cum_seq_lens_q = static_cast<const int32_t*>(params.cum_seq_lens_q.data);
   if (p.has_sinks) {
-    in.sinks = static_cast<const float*>(params.sinks.data);
+    in.sinks = static_cast<const uint8_t*>(params.sinks.data);
+    in.sinks_format = format_of(p.sinks_dtype, "sinks");
     in.sinks_stride = params.sinks.ndim >= 1 ? params.sinks.strides[0] : 1;
   }
   if (p.has_mask && !p.sparse) {
@@ -136,6 +180,7 @@ Inputs resolve_inputs(const Problem& p, const DecodeParams& params) {
                                     : params.bmm1_scale;
   in.bmm2_scale = p.has_bmm2_tensor ? *static_cast<const float*>(params.bmm2_scale_tensor.data)
                                     : params.bmm2_scale;
+  in.scales_finite = std::isfinite(in.bmm1_scale) && std::isfinite(in.bmm2_scale);
   return in;
 }
 
@@ -179,14 +224,22 @@ int64_t topk_len_offset(const Problem& p, const Token& tok) {
 
 // ---- the attended key set ----
 
+// Sparse mode: the entries of the token's index list that count,
+// min(top_k, topk_len, seq_len - n + i + 1), none when that is not positive (docs/contract.md
+// section 2).
+int64_t counted_entries(const Inputs& in, const Token& tok) {
+  const Problem& p = *in.problem;
+  int64_t count = p.top_k;
+  if (in.topk_lens) count = std::min<int64_t>(count, in.topk_lens[topk_len_offset(p, tok)]);
+  count = std::min(count, tok.seq_len - tok.n + tok.i + 1);  // causal: the keys visible to i
+  return std::max<int64_t>(0, count);
+}
+
 // Keys are visited in blocks of 64: key positions [64k, 64k + 64) in dense mode, entries
 // [64k, 64k + 64) of the index list in sparse mode. `extent` is the end of that range.
 int64_t attended_extent(const Inputs& in, const Token& tok) {
   const Problem& p = *in.problem;
-  if (p.sparse) {
-    if (!in.topk_lens) return p.top_k;
-    return in.topk_lens[topk_len_offset(p, tok)];
-  }
+  if (p.sparse) return counted_entries(in, tok);
   if (in.mask) return tok.seq_len;
   const int64_t position = tok.seq_len - tok.n + tok.i;  // causal: keys 0 .. position
   return std::max<int64_t>(0, position + 1);
@@ -194,8 +247,9 @@ int64_t attended_extent(const Inputs& in, const Token& tok) {
 
 bool mask_bit(const uint8_t* row, int64_t bit) { return (row[bit >> 3] >> (bit & 7)) & 1; }
 
-// Writes the element offsets of the cache rows of the attended keys of one block into `rows`,
-// in visiting order; returns their count.
+// Writes the element offsets (bytes for fp8_ds_mla) of the cache rows of the attended keys of one
+// block into `rows`, in visiting order; returns their count. Separate K/V page tables: row 0
+// names the pages (the index check made sure row 1 names the same).
 int gather_block(const Inputs& in, const Token& tok, int64_t block, int64_t extent, int64_t* rows) {
   const Problem& p = *in.problem;
   const int64_t begin = block * kBlockKeys;
@@ -231,6 +285,7 @@ size_t align_up(size_t bytes) {
 
 struct ScratchLayout {
   size_t query = 0, keys = 0, scores = 0, row_max = 0, row_sum = 0, acc = 0;  // byte offsets
+  size_t query_nonfinite = 0;
   size_t bytes = 0;  // one worker's slice, a multiple of kScratchAlign
 };
 
@@ -251,24 +306,31 @@ ScratchLayout scratch_layout(const Problem& p) {
   s.row_max = take(H);
   s.row_sum = take(H);
   s.acc = take(H * L);
+  s.query_nonfinite = take((H + sizeof(float) - 1) / sizeof(float));  // H bytes
   s.bytes = offset;
   return s;
 }
 
 struct Scratch {
-  float* query;    // [H, D] the token's query rows
-  float* keys;     // [64, D] attended keys of one block, compacted
-  float* scores;   // [H, 64] bmm1_scale * q . k
-  float* row_max;  // [H] running max of the scores, sink excluded
-  float* row_sum;  // [H] running sum of exp(score - row_max)
-  float* acc;      // [H, L] running sum of exp(score - row_max) * v
+  float* query;              // [H, D] the token's query rows
+  float* keys;               // [64, D] attended keys of one block, compacted
+  float* scores;             // [H, 64] bmm1_scale * q . k
+  float* row_max;            // [H] running max of the scores, sink excluded
+  float* row_sum;            // [H] running sum of exp(score - row_max)
+  float* acc;                // [H, L] running sum of exp(score - row_max) * v
+  uint8_t* query_nonfinite;  // [H] the head's query row holds a NaN or inf: its row is NaN
 };
 
 Scratch scratch_for(uint8_t* base, const ScratchLayout& layout, int64_t worker) {
   uint8_t* slice = base + static_cast<size_t>(worker) * layout.bytes;
   auto at = [slice](size_t offset) { return reinterpret_cast<float*>(slice + offset); };
-  return {at(layout.query),   at(layout.keys),    at(layout.scores),
-          at(layout.row_max), at(layout.row_sum), at(layout.acc)};
+  return {at(layout.query),
+          at(layout.keys),
+          at(layout.scores),
+          at(layout.row_max),
+          at(layout.row_sum),
+          at(layout.acc),
+          slice + layout.query_nonfinite};
 }
 
 int64_t workspace_workers(const Problem& p) { return std::min(kMaxWorkers, p.num_tokens); }
@@ -287,23 +349,35 @@ float dot(const float* a, const float* b, int n) {
          ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-void load_query_rows(const Inputs& in, const Token& tok, float* query) {
+// Converts the token's query rows and marks the heads whose row is not all finite.
+void load_query_rows(const Inputs& in, const Token& tok, float* query, uint8_t* nonfinite) {
   const Problem& p = *in.problem;
   const int64_t base = row_offset(p.q, tok);
   for (int64_t h = 0; h < p.num_heads; ++h) {
-    convert_row(in.query, in.query_format, base + h * p.q.head, p.D, query + h * p.D);
+    float* row = query + h * p.D;
+    convert_row(in.query, in.query_format, base + h * p.q.head, p.D, row);
+    nonfinite[h] = !all_finite(row, p.D);
   }
 }
 
-void load_key_block(const Inputs& in, const int64_t* rows, int n, float* keys) {
+// Converts the block's key rows; false when one of them holds a NaN or inf.
+bool load_key_block(const Inputs& in, const int64_t* rows, int n, float* keys) {
   const int D = in.problem->D;
-  for (int j = 0; j < n; ++j) convert_row(in.kv, in.kv_format, rows[j], D, keys + j * D);
+  for (int j = 0; j < n; ++j) {
+    if (in.kv_ds_mla) {
+      convert_ds_mla_row(in.kv + rows[j], keys + j * D);
+    } else {
+      convert_row(in.kv, in.kv_format, rows[j], D, keys + j * D);
+    }
+  }
+  return all_finite(keys, static_cast<int64_t>(n) * D);
 }
 
-// scores[h][j] = bmm1_scale * dot(q_h, k_j).
+// scores[h][j] = bmm1_scale * dot(q_h, k_j), for the heads with a finite query row.
 void score_block(const float* query, const float* keys, int n, int64_t num_heads, int D,
-                 float bmm1_scale, float* scores) {
+                 float bmm1_scale, const uint8_t* skip_head, float* scores) {
   for (int64_t h = 0; h < num_heads; ++h) {
+    if (skip_head[h]) continue;
     for (int j = 0; j < n; ++j) {
       scores[h * kBlockKeys + j] = bmm1_scale * dot(query + h * D, keys + j * D, D);
     }
@@ -316,23 +390,26 @@ float block_max(const float* scores, int n) {
   return m;
 }
 
-// Skip-softmax: the block is dropped when exp(block_max - running_max) < threshold for every head.
-// A row's first non-empty block gives exp(+inf) and is never dropped.
+// Skip-softmax: the block is dropped when exp(block_max - running_max) < threshold for every head
+// (heads whose row is NaN anyway need no block). A row's first non-empty block gives exp(+inf)
+// and is never dropped.
 bool block_negligible(const float* scores, int n, const float* row_max, int64_t num_heads,
-                      float threshold) {
+                      const uint8_t* skip_head, float threshold) {
   for (int64_t h = 0; h < num_heads; ++h) {
+    if (skip_head[h]) continue;
     const float ratio = std::exp(block_max(scores + h * kBlockKeys, n) - row_max[h]);
     if (!(ratio < threshold)) return false;
   }
   return true;
 }
 
-// Folds one block into each head's running max, sum and accumulator.
+// Folds one block into each head's running max, sum and accumulator (scores are finite here).
 void online_softmax_update(const float* scores, const float* keys, int n, const Problem& p,
-                           float* row_max, float* row_sum, float* acc) {
+                           const uint8_t* skip_head, float* row_max, float* row_sum, float* acc) {
   const int D = p.D;
   const int L = p.L;
   for (int64_t h = 0; h < p.num_heads; ++h) {
+    if (skip_head[h]) continue;
     const float* s = scores + h * kBlockKeys;
     const float m_new = std::max(row_max[h], block_max(s, n));
     if (m_new == kNegInf) continue;  // every score so far is -inf: nothing contributes
@@ -354,26 +431,34 @@ void online_softmax_update(const float* scores, const float* keys, int n, const 
   }
 }
 
-// out = bmm2_scale * acc / (Z' + exp(sink - m')), lse = m' + log(Z'); empty rows: 0 and -inf.
-void finalize_rows(const Inputs& in, const Token& tok, const Scratch& s) {
+// What a token's rows come to: no attended key (out 0, lse -inf), NaN (a non-finite input touches
+// every row), or each head's softmax.
+enum class TokenRows { kEmpty, kNaN, kSoftmax };
+
+// out = bmm2_scale * acc / (Z' + exp(sink - m')), lse = m' + log(Z'); a head whose query row is
+// not finite gets NaN.
+void finalize_rows(const Inputs& in, const Token& tok, TokenRows rows, const Scratch& s) {
   const Problem& p = *in.problem;
   const int64_t out_base = row_offset(p.out, tok);
   const int64_t lse_base = in.lse ? row_offset(p.lse, tok) : 0;
   for (int64_t h = 0; h < p.num_heads; ++h) {
-    const float m = s.row_max[h];
-    const float z = s.row_sum[h];
-    const bool empty = z == 0.0f;  // no key contributed (NaN inputs propagate)
     float* acc_h = s.acc + h * p.L;
-    float out_scale = 0.0f;
-    if (!empty) {
-      float denom = z;
-      if (in.sinks) denom += std::exp(in.sinks[h * in.sinks_stride] - m);  // inf: out = 0
-      out_scale = in.bmm2_scale / denom;
-    } else {
+    float out_scale = 1.0f, lse = kNaN;
+    if (rows == TokenRows::kEmpty) {
       std::fill(acc_h, acc_h + p.L, 0.0f);
+      lse = kNegInf;
+    } else if (rows == TokenRows::kNaN || s.query_nonfinite[h]) {
+      std::fill(acc_h, acc_h + p.L, kNaN);
+    } else {
+      const float m = s.row_max[h];
+      const float z = s.row_sum[h];
+      float denom = z;
+      if (in.sinks) denom += std::exp(in.sink(h) - m);  // inf: out = 0
+      out_scale = in.bmm2_scale / denom;
+      lse = m + std::log(z);
     }
     store_row(acc_h, out_scale, p.L, in.out_format, in.out, out_base + h * p.out.head);
-    if (in.lse) in.lse[lse_base + h * p.lse.head] = empty ? kNegInf : m + std::log(z);
+    if (in.lse) in.lse[lse_base + h * p.lse.head] = lse;
   }
 }
 
@@ -381,7 +466,7 @@ void decode_token(const Inputs& in, int64_t task, const Scratch& s) {
   const Problem& p = *in.problem;
   const Token tok = token_of(in, task);
   const int64_t H = p.num_heads;
-  load_query_rows(in, tok, s.query);
+  load_query_rows(in, tok, s.query, s.query_nonfinite);
   std::fill(s.row_max, s.row_max + H, kNegInf);
   std::fill(s.row_sum, s.row_sum + H, 0.0f);
   std::fill(s.acc, s.acc + H * p.L, 0.0f);
@@ -394,16 +479,26 @@ void decode_token(const Inputs& in, int64_t task, const Scratch& s) {
   const float skip_threshold =
       skip_softmax ? p.skip_softmax_factor / static_cast<float>(skip_len) : 0.0f;
 
+  // A non-finite scale or key makes every row NaN once the token has a key; the blocks after
+  // that need no math.
+  TokenRows rows_kind = TokenRows::kEmpty;
   int64_t rows[kBlockKeys];
   for (int64_t block = 0; block * kBlockKeys < extent; ++block) {
     const int n = gather_block(in, tok, block, extent, rows);
     if (n == 0) continue;
-    load_key_block(in, rows, n, s.keys);
-    score_block(s.query, s.keys, n, H, p.D, in.bmm1_scale, s.scores);
-    if (skip_softmax && block_negligible(s.scores, n, s.row_max, H, skip_threshold)) continue;
-    online_softmax_update(s.scores, s.keys, n, p, s.row_max, s.row_sum, s.acc);
+    rows_kind = TokenRows::kSoftmax;
+    if (!in.scales_finite || !load_key_block(in, rows, n, s.keys)) {
+      rows_kind = TokenRows::kNaN;
+      break;
+    }
+    score_block(s.query, s.keys, n, H, p.D, in.bmm1_scale, s.query_nonfinite, s.scores);
+    if (skip_softmax &&
+        block_negligible(s.scores, n, s.row_max, H, s.query_nonfinite, skip_threshold)) {
+      continue;
+    }
+    online_softmax_update(s.scores, s.keys, n, p, s.query_nonfinite, s.row_max, s.row_sum, s.acc);
   }
-  finalize_rows(in, tok, s);
+  finalize_rows(in, tok, rows_kind, s);
 }
 
 // ---- index checks ----
@@ -462,30 +557,35 @@ void check_cum_seq_lens_q(const Problem& p, const int32_t* cum) {
   }
 }
 
-// Only the pages each request needs are read, so only those entries are checked.
+// "block_tables[b][k]", or "block_tables[b][row][k]" for separate K/V page tables.
+std::string page_entry(const Problem& p, int64_t b, int64_t row, int64_t k) {
+  const std::string kv_row = p.kv_page_tables ? "[" + str(row) + "]" : "";
+  return "block_tables[" + str(b) + "]" + kv_row + "[" + str(k) + "]";
+}
+
+// Only the pages each request needs are read, so only those entries are checked. Separate K/V
+// page tables: row 1 must name the same pages as row 0 (MLA reads K and V from one row).
 void check_block_tables(const Problem& p, const int32_t* block_tables, const int32_t* seq_lens) {
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t pages_needed =
         (static_cast<int64_t>(seq_lens[b]) + p.page_size - 1) / p.page_size;
-    const int32_t* row = block_tables + b * p.block_table_stride;
+    const int32_t* k_row = block_tables + b * p.block_table_stride;
+    const int32_t* v_row = k_row + p.block_table_kv_stride;
     for (int64_t k = 0; k < pages_needed; ++k) {
-      if (row[k] < 0 || row[k] >= p.num_pages) {
-        bad_index("block_tables[" + str(b) + "][" + str(k) + "]: page id " + str(row[k]) +
-                  " out of range [0, " + str(p.num_pages) + ")");
+      if (k_row[k] < 0 || k_row[k] >= p.num_pages) {
+        bad_index(page_entry(p, b, 0, k) + ": page id " + str(k_row[k]) + " out of range [0, " +
+                  str(p.num_pages) + ")");
+      }
+      if (p.kv_page_tables && v_row[k] != k_row[k]) {
+        bad_index(page_entry(p, b, 1, k) + ": page id " + str(v_row[k]) + " differs from " +
+                  page_entry(p, b, 0, k) + " = " + str(k_row[k]) +
+                  " (separate K/V page tables must name the same pages for MLA)");
       }
     }
   }
 }
 
-// Calls fn(b, i, t) for every query token in order.
-template <typename Fn>
-void for_each_token(const Problem& p, const int32_t* cum, Fn fn) {
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t n = p.ragged ? cum[b + 1] - cum[b] : p.q_len;
-    for (int64_t i = 0; i < n; ++i) fn(b, i, p.ragged ? cum[b] + i : i);
-  }
-}
-
+// Only the entries each token counts are read (counted_entries), so only those are checked.
 void check_sparse(const Problem& p, const Inputs& in) {
   if (in.topk_lens) {
     auto check_len = [&](int64_t len, const std::string& entry) {
@@ -498,29 +598,25 @@ void check_sparse(const Problem& p, const Inputs& in) {
         check_len(in.topk_lens[b * p.topk_lens.batch], "sparse_topk_lens[" + str(b) + "]");
       }
     } else {
-      for_each_token(p, in.cum_seq_lens_q, [&](int64_t b, int64_t i, int64_t t) {
-        Token tok;
-        tok.b = b;
-        tok.t = t;
+      for (int64_t task = 0; task < p.num_tokens; ++task) {
+        const Token tok = token_of(in, task);
         check_len(in.topk_lens[row_offset(p.topk_lens, tok)],
-                  token_entry("sparse_topk_lens", p, b, i, t));
-      });
+                  token_entry("sparse_topk_lens", p, tok.b, tok.i, tok.t));
+      }
     }
   }
   const int64_t num_slots = p.num_pages * p.page_size;
-  for_each_token(p, in.cum_seq_lens_q, [&](int64_t b, int64_t i, int64_t t) {
-    Token tok;
-    tok.b = b;
-    tok.t = t;
-    const int64_t count = in.topk_lens ? in.topk_lens[topk_len_offset(p, tok)] : p.top_k;
+  for (int64_t task = 0; task < p.num_tokens; ++task) {
+    const Token tok = token_of(in, task);
+    const int64_t count = counted_entries(in, tok);
     const int32_t* entries = in.sparse_indices + row_offset(p.sparse_indices, tok);
     for (int64_t k = 0; k < count; ++k) {
       if (entries[k] < -1 || entries[k] >= num_slots) {
-        bad_index(token_entry("sparse_indices", p, b, i, t) + "[" + str(k) + "]: slot " +
-                  str(entries[k]) + " out of range [-1, " + str(num_slots) + ")");
+        bad_index(token_entry("sparse_indices", p, tok.b, tok.i, tok.t) + "[" + str(k) +
+                  "]: slot " + str(entries[k]) + " out of range [-1, " + str(num_slots) + ")");
       }
     }
-  });
+  }
 }
 
 }  // namespace

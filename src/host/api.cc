@@ -138,6 +138,7 @@ void run(const Plan& plan, const DecodeParams& params) {
   const size_t ws_bytes = backend_workspace_size(problem);
   check_plan_matches(plan, make_plan(problem, params, ws_bytes));
   check_workspace(params, ws_bytes);
+  detail::check_outputs_apart(params);
   switch (problem.backend) {
     case Backend::kCpu:
       detail::cpu::run(problem, params);

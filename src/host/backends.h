@@ -8,8 +8,9 @@
 
 namespace mla::detail {
 
-// Checks every SPEC.md section 5 rule that needs no look at device memory and derives the Problem.
-// Throws mla::Error before anything is launched or written. Does not check the workspace size.
+// Checks every docs/contract.md section 5 rule that needs no look at device memory and derives the
+// Problem. Throws mla::Error before anything is launched or written. Does not check the workspace
+// size.
 Problem validate(const DecodeParams& params);
 
 namespace cpu {

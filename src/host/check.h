@@ -4,6 +4,7 @@
 #include <sstream>
 #include <string>
 
+#include "mla/decode.h"
 #include "mla/error.h"
 #include "mla/tensor.h"
 
@@ -77,5 +78,12 @@ inline std::string device_str(Device d) {
 // Checks shared by every tensor argument: rank within bounds, non-negative sizes and strides,
 // a data pointer when there are elements, and the call's device (validate.cc).
 void check_tensor(const TensorView& t, const char* name, Device device);
+
+// docs/contract.md section 3: out and lse overlap no input, not the workspace and not each other.
+// Compares byte extents (data pointer to the last element's end, from shape, strides and element
+// size) of tensors on one device; empty tensors overlap nothing. Throws InvalidArgument naming both
+// arguments. Needs real memory behind out and lse, so run() checks it, not workspace_size() or
+// plan(), which read only out's shape (validate.cc).
+void check_outputs_apart(const DecodeParams& params);
 
 }  // namespace mla::detail

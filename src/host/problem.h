@@ -18,11 +18,18 @@ struct RowStrides {
 
 enum class TopkLensMode { kNone, kPerRequest, kPerToken };
 
+// How a kv_cache row is stored. kPlain: D values of kv_dtype. kFp8DsMla: DeepSeek-V3.2's 656-byte
+// row (uint8 pool): 512 e4m3 values, 4 fp32 scales (one per 128 values, multiplied in), 64 bf16
+// rope values; D is then 576 (L 512, R 64).
+enum class KvFormat { kPlain, kFp8DsMla };
+inline constexpr int64_t kDsMlaRowBytes = 656;
+
 struct Problem {
   Backend backend = Backend::kCpu;  // resolved, never kAuto
   Device device{};                  // the query's (every tensor's) device
   DataType q_dtype{};
-  DataType kv_dtype{};
+  DataType kv_dtype{};  // uint8 with KvFormat::kFp8DsMla
+  KvFormat kv_format = KvFormat::kPlain;
   DataType out_dtype{};
 
   // Sizes.
@@ -47,12 +54,18 @@ struct Problem {
   int64_t kv_page_stride = 0;      // between physical pages
   int64_t kv_row_stride = 0;       // between tokens of one page
   int64_t block_table_stride = 0;  // between requests
-  int64_t mask_words = 0;          // uint32 words per mask row (uint16 masks: half their count)
+  // [B, 2, max_pages] block tables (separate K and V page tables; MLA reads row 0, the checked
+  // mode verifies that row 1 equals it): the element stride from row 0 to row 1; 0 for [B,
+  // max_pages].
+  int64_t block_table_kv_stride = 0;
+  bool kv_page_tables = false;  // block_tables is [B, 2, max_pages]
+  int64_t mask_words = 0;       // uint32 words per mask row (uint16 masks: half their count)
   TopkLensMode topk_lens_mode = TopkLensMode::kNone;
 
   // Optional pieces.
   bool has_lse = false;
   bool has_sinks = false;
+  DataType sinks_dtype{};  // fp32, bf16 or fp16
   bool has_mask = false;
   bool has_bmm1_tensor = false;
   bool has_bmm2_tensor = false;

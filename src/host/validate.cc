@@ -1,4 +1,5 @@
-// Host-side validation of every SPEC.md section 5 rule that needs no look at device memory.
+// Host-side validation of every docs/contract.md section 5 rule that needs no look at device
+// memory.
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // a * b for non-negative sizes, saturated at INT64_MAX so that huge shapes cannot wrap around.
 int64_t mul_sat(int64_t a, int64_t b) { return a != 0 && b > INT64_MAX / a ? INT64_MAX : a * b; }
+
+// a + b for non-negative sizes, saturated like mul_sat.
+int64_t add_sat(int64_t a, int64_t b) { return b > INT64_MAX - a ? INT64_MAX : a + b; }
 
 // Element count of a view with non-negative sizes, saturated like mul_sat (TensorView::numel
 // wraps).
@@ -81,6 +85,7 @@ void check_last_contiguous(const TensorView& t, const char* name) {
 
 bool is_16bit_float(DataType t) { return t == dtype::kBFloat16 || t == dtype::kFloat16; }
 
+// A uint8 kv_cache holds the fp8_ds_mla format (docs/contract.md section 1).
 void check_input_dtypes(const TensorView& query, const TensorView& kv, Backend backend) {
   const DataType q = query.dtype, k = kv.dtype;
   const bool q_ok = is_16bit_float(q) || q == dtype::kFloat8E4M3 ||
@@ -89,16 +94,18 @@ void check_input_dtypes(const TensorView& query, const TensorView& kv, Backend b
                 "query: expected dtype bfloat16, float16 or float8_e4m3fn"
                     << (backend == Backend::kCpu ? " (cpu backend: also float32)" : "") << ", got "
                     << dtype_str(q));
-  const bool k_ok = is_16bit_float(k) || k == dtype::kFloat8E4M3 ||
+  const bool k_ok = is_16bit_float(k) || k == dtype::kFloat8E4M3 || k == dtype::kUInt8 ||
                     (backend == Backend::kCpu && k == dtype::kFloat32);
   MLA_CHECK_ARG(k_ok, ErrorCode::kTypeError,
                 "kv_cache: expected dtype bfloat16, float16 or float8_e4m3fn"
-                    << (backend == Backend::kCpu ? " (cpu backend: also float32)" : "") << ", got "
-                    << dtype_str(k));
-  const bool pair_ok = q == k || (q == dtype::kBFloat16 && k == dtype::kFloat8E4M3);
+                    << (backend == Backend::kCpu ? " (cpu backend: also float32)" : "")
+                    << ", or uint8 (the fp8_ds_mla format), got " << dtype_str(k));
+  const bool pair_ok = q == k || (q == dtype::kBFloat16 && k == dtype::kFloat8E4M3) ||
+                       (q == dtype::kBFloat16 && k == dtype::kUInt8);
   MLA_CHECK_ARG(pair_ok, ErrorCode::kTypeError,
                 "kv_cache: expected a dtype pair (query, kv_cache) of (bfloat16, bfloat16), "
-                "(float16, float16), (float8_e4m3fn, float8_e4m3fn), (bfloat16, float8_e4m3fn)"
+                "(float16, float16), (float8_e4m3fn, float8_e4m3fn), (bfloat16, float8_e4m3fn), "
+                "(bfloat16, uint8 fp8_ds_mla)"
                     << (backend == Backend::kCpu ? " or (float32, float32)" : "") << ", got ("
                     << dtype_str(q) << ", " << dtype_str(k) << ")");
 }
@@ -133,19 +140,28 @@ void check_backend_support(const Problem& p) {
   }
 }
 
-// Scale given either as a host float or as a one-element fp32 tensor.
-bool check_scale(const TensorView& tensor, float value, const char* tensor_name,
-                 const char* value_name, Device device) {
-  if (!tensor.defined()) {
-    MLA_CHECK_ARG(std::isfinite(value), ErrorCode::kInvalidArgument,
-                  value_name << ": expected a finite value, got " << value);
-    return false;
-  }
+// Scale given either as a host float or as a one-element fp32 tensor. Any value is accepted: a
+// NaN or inf scale propagates to the rows it touches (docs/contract.md section 1), as a tensor's
+// does.
+bool check_scale(const TensorView& tensor, const char* tensor_name, Device device) {
+  if (!tensor.defined()) return false;
   check_tensor(tensor, tensor_name, device);
   check_dtype(tensor, tensor_name, dtype::kFloat32);
   MLA_CHECK_ARG(numel_sat(tensor) == 1, ErrorCode::kInvalidArgument,
                 tensor_name << ": expected exactly 1 element, got shape " << shape_str(tensor));
   return true;
+}
+
+// out and lse are written once per element: a zero stride on a dim of size > 1 would write one
+// element many times. An empty tensor is written nowhere.
+void check_written_once(const TensorView& t, const char* name) {
+  if (numel_sat(t) == 0) return;
+  for (int d = 0; d < t.ndim; ++d) {
+    MLA_CHECK_ARG(t.shape[d] <= 1 || t.strides[d] != 0, ErrorCode::kInvalidArgument,
+                  name << ": expected a non-zero stride on every dim of size > 1 (each element "
+                          "written once), got strides "
+                       << strides_str(t) << " for shape " << shape_str(t));
+  }
 }
 
 RowStrides token_strides(const TensorView& t, bool ragged, bool has_head_dim) {
@@ -183,8 +199,8 @@ Problem validate(const DecodeParams& prm) {
   // Head dims.
   MLA_CHECK_ARG(prm.kv_lora_rank > 0, ErrorCode::kInvalidArgument,
                 "kv_lora_rank: expected a positive value, got " << prm.kv_lora_rank);
-  MLA_CHECK_ARG(prm.qk_rope_head_dim > 0, ErrorCode::kInvalidArgument,
-                "qk_rope_head_dim: expected a positive value, got " << prm.qk_rope_head_dim);
+  MLA_CHECK_ARG(prm.qk_rope_head_dim >= 0, ErrorCode::kInvalidArgument,
+                "qk_rope_head_dim: expected a non-negative value, got " << prm.qk_rope_head_dim);
   MLA_CHECK_ARG(prm.qk_nope_head_dim > 0, ErrorCode::kInvalidArgument,
                 "qk_nope_head_dim: expected a positive value, got " << prm.qk_nope_head_dim);
   p.L = prm.kv_lora_rank;
@@ -204,9 +220,21 @@ Problem validate(const DecodeParams& prm) {
                     << prm.kv_cache.ndim << " with shape " << shape_str(prm.kv_cache));
   const int kv_row_dim = prm.kv_cache.ndim - 2;
   if (prm.kv_cache.ndim == 4) check_dim(prm.kv_cache, "kv_cache", 1, 1, "dim 1 (heads) =");
-  check_dim(prm.kv_cache, "kv_cache", prm.kv_cache.ndim - 1, p.D, d_what.str());
-  check_last_contiguous(prm.kv_cache, "kv_cache");
   check_input_dtypes(prm.query, prm.kv_cache, p.backend);
+  if (prm.kv_cache.dtype == dtype::kUInt8) {
+    // fp8_ds_mla: 656 bytes per token hold D = 576 values (docs/contract.md section 1).
+    MLA_CHECK_ARG(p.L == 512 && p.R == 64, ErrorCode::kInvalidArgument,
+                  "kv_cache: expected kv_lora_rank 512 and qk_rope_head_dim 64 with a uint8 "
+                  "(fp8_ds_mla) cache, got kv_lora_rank "
+                      << p.L << " and qk_rope_head_dim " << p.R);
+    check_dim(prm.kv_cache, "kv_cache", prm.kv_cache.ndim - 1, kDsMlaRowBytes,
+              "last dim of fp8_ds_mla bytes per token (512 float8_e4m3fn values, 4 float32 "
+              "scales, 64 bfloat16 rope values) =");
+    p.kv_format = KvFormat::kFp8DsMla;
+  } else {
+    check_dim(prm.kv_cache, "kv_cache", prm.kv_cache.ndim - 1, p.D, d_what.str());
+  }
+  check_last_contiguous(prm.kv_cache, "kv_cache");
   p.q_dtype = prm.query.dtype;
   p.kv_dtype = prm.kv_cache.dtype;
   p.num_pages = prm.kv_cache.shape[0];
@@ -339,11 +367,19 @@ Problem validate(const DecodeParams& prm) {
                   "block_tables: expected a tensor in dense mode, got none");
     const TensorView& bt = prm.block_tables;
     check_tensor(bt, "block_tables", device);
-    check_rank(bt, "block_tables", 2, "[B, max_pages]");
+    MLA_CHECK_ARG(bt.ndim == 2 || bt.ndim == 3, ErrorCode::kInvalidArgument,
+                  "block_tables: expected rank 2 [B, max_pages] or 3 [B, 2, max_pages] (separate "
+                  "K and V page tables), got rank "
+                      << bt.ndim << " with shape " << shape_str(bt));
     check_dtype(bt, "block_tables", dtype::kInt32);
     check_dim(bt, "block_tables", 0, p.batch, "B =");
+    if (bt.ndim == 3) {
+      check_dim(bt, "block_tables", 1, 2, "dim 1 (the K and V page tables) =");
+      p.kv_page_tables = true;
+      p.block_table_kv_stride = bt.strides[1];
+    }
     check_last_contiguous(bt, "block_tables");
-    p.max_pages = bt.shape[1];
+    p.max_pages = bt.shape[bt.ndim - 1];
     p.block_table_stride = bt.strides[0];
     const int64_t capacity = mul_sat(p.max_pages, p.page_size);
     MLA_CHECK_ARG(capacity <= INT32_MAX, ErrorCode::kInvalidArgument,
@@ -400,6 +436,7 @@ Problem validate(const DecodeParams& prm) {
   MLA_CHECK_ARG(is_16bit_float(prm.out.dtype), ErrorCode::kTypeError,
                 "out: expected dtype bfloat16 or float16, got " << dtype_str(prm.out.dtype));
   check_last_contiguous(prm.out, "out");
+  check_written_once(prm.out, "out");
   p.out_dtype = prm.out.dtype;
   p.out = token_strides(prm.out, p.ragged, true);
 
@@ -415,6 +452,7 @@ Problem validate(const DecodeParams& prm) {
     for (int d = 0; d < l.ndim; ++d) {
       check_dim(l, "lse", d, prm.query.shape[d], "dim " + std::to_string(d) + " like query =");
     }
+    check_written_once(l, "lse");
     p.lse = token_strides(l, p.ragged, true);
     p.has_lse = true;
   }
@@ -423,15 +461,16 @@ Problem validate(const DecodeParams& prm) {
   if (prm.sinks.defined()) {
     check_tensor(prm.sinks, "sinks", device);
     check_rank(prm.sinks, "sinks", 1, "[H]");
-    check_dtype(prm.sinks, "sinks", dtype::kFloat32);
+    const DataType st = prm.sinks.dtype;
+    MLA_CHECK_ARG(st == dtype::kFloat32 || is_16bit_float(st), ErrorCode::kTypeError,
+                  "sinks: expected dtype float32, bfloat16 or float16, got " << dtype_str(st));
     check_dim(prm.sinks, "sinks", 0, p.num_heads, "H (query heads) =");
     check_last_contiguous(prm.sinks, "sinks");
     p.has_sinks = true;
+    p.sinks_dtype = st;
   }
-  p.has_bmm1_tensor =
-      check_scale(prm.bmm1_scale_tensor, prm.bmm1_scale, "bmm1_scale_tensor", "bmm1_scale", device);
-  p.has_bmm2_tensor =
-      check_scale(prm.bmm2_scale_tensor, prm.bmm2_scale, "bmm2_scale_tensor", "bmm2_scale", device);
+  p.has_bmm1_tensor = check_scale(prm.bmm1_scale_tensor, "bmm1_scale_tensor", device);
+  p.has_bmm2_tensor = check_scale(prm.bmm2_scale_tensor, "bmm2_scale_tensor", device);
   const float f = prm.skip_softmax_threshold_scale_factor;
   MLA_CHECK_ARG(std::isfinite(f) && f >= 0.0f, ErrorCode::kInvalidArgument,
                 "skip_softmax_threshold_scale_factor: expected 0 (off) or a finite positive "
@@ -441,6 +480,70 @@ Problem validate(const DecodeParams& prm) {
 
   check_backend_support(p);
   return p;
+}
+
+namespace {
+
+// Bytes [begin, end) that a tensor's elements span; empty for an undefined or empty tensor.
+struct ByteExtent {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  bool empty() const { return begin == end; }
+};
+
+ByteExtent byte_extent(const TensorView& t) {
+  if (!t.defined() || numel_sat(t) == 0) return {};
+  const int64_t element_bytes = (int64_t{t.dtype.bits} * t.dtype.lanes + 7) / 8;
+  int64_t last = 0;  // element offset of the last element
+  for (int d = 0; d < t.ndim; ++d) last = add_sat(last, mul_sat(t.shape[d] - 1, t.strides[d]));
+  const int64_t bytes = add_sat(mul_sat(last, element_bytes), element_bytes);
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data);
+  const uintptr_t room = UINTPTR_MAX - begin;
+  return {begin,
+          begin + (static_cast<uint64_t>(bytes) > room ? room : static_cast<uintptr_t>(bytes))};
+}
+
+std::string extent_str(const ByteExtent& e) {
+  std::ostringstream s;
+  s << "[0x" << std::hex << e.begin << ", 0x" << e.end << ")";
+  return s.str();
+}
+
+struct NamedTensor {
+  const char* name;
+  const TensorView* tensor;
+};
+
+void check_apart(const NamedTensor& output, const NamedTensor& other) {
+  if (output.tensor->device != other.tensor->device) return;
+  const ByteExtent a = byte_extent(*output.tensor), b = byte_extent(*other.tensor);
+  if (a.empty() || b.empty()) return;
+  MLA_CHECK_ARG(a.end <= b.begin || b.end <= a.begin, ErrorCode::kInvalidArgument,
+                output.name << ": overlaps " << other.name << " (bytes " << extent_str(a) << " and "
+                            << extent_str(b)
+                            << "); expected out and lse apart from every input, the workspace "
+                               "and each other");
+}
+
+}  // namespace
+
+void check_outputs_apart(const DecodeParams& prm) {
+  const NamedTensor inputs[] = {{"query", &prm.query},
+                                {"kv_cache", &prm.kv_cache},
+                                {"block_tables", &prm.block_tables},
+                                {"seq_lens", &prm.seq_lens},
+                                {"cum_seq_lens_q", &prm.cum_seq_lens_q},
+                                {"sinks", &prm.sinks},
+                                {"mask", &prm.mask},
+                                {"sparse_indices", &prm.sparse_indices},
+                                {"sparse_topk_lens", &prm.sparse_topk_lens},
+                                {"bmm1_scale_tensor", &prm.bmm1_scale_tensor},
+                                {"bmm2_scale_tensor", &prm.bmm2_scale_tensor},
+                                {"workspace", &prm.workspace}};
+  const NamedTensor out{"out", &prm.out}, lse{"lse", &prm.lse};
+  for (const NamedTensor& input : inputs) check_apart(out, input);
+  for (const NamedTensor& input : inputs) check_apart(lse, input);
+  check_apart(lse, out);
 }
 
 }  // namespace mla::detail

@@ -81,8 +81,8 @@ TensorView to_view(const OptTensor& given, const char* name, int64_t dtype_code 
 }
 
 // workspace_size() and plan() read only the shape and dtype of `out`. When the caller plans once
-// for many layers it has no out tensor yet: describe the default one (SPEC.md section 3) without
-// memory.
+// for many layers it has no out tensor yet: describe the default one (docs/contract.md section 3)
+// without memory.
 TensorView shape_only_out(const TensorView& query, int32_t kv_lora_rank) {
   TensorView out;
   if (!query.defined() || query.ndim < 1 || query.ndim > TensorView::kMaxDims) return out;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -535,6 +536,88 @@ inline void check_against_oracle(const Built& b, double p_rel = 0.0) {
     if (!b.out_logical[i] && !b.out.is_poison(i)) ++touched;
   }
   EXPECT_EQ(touched, 0) << "out padding elements written";
+}
+
+// ---- Non-finite inputs (docs/contract.md section 1)
+// ----------------------------------------------------
+
+// Writes `bits` (dtype_bytes(dt) bytes, little-endian) at element `index` of `buffer`.
+inline void store_bits(Buffer& buffer, int64_t index, uint32_t bits) {
+  const size_t bytes = mla_test::dtype_bytes(buffer.dtype());
+  std::memcpy(static_cast<uint8_t*>(buffer.data()) + index * static_cast<int64_t>(bytes), &bits,
+              bytes);
+}
+
+// The bits of +inf in a 16/32-bit float dtype (fp8 e4m3fn has no inf: NaN instead).
+inline uint32_t inf_bits(DataType dt) {
+  if (dt == dt::kBFloat16) return 0x7f80u;
+  if (dt == dt::kFloat16) return 0x7c00u;
+  if (dt == dt::kFloat32) return 0x7f800000u;
+  return mla_test::nan_bits(dt);
+}
+
+// Element d of query row (t, h) becomes NaN (or +inf), in the tensor and the oracle.
+inline void poison_query(Built& b, int t, int h, int d, bool inf = false) {
+  const DataType qt = b.c.q_dtype;
+  store_bits(b.query, b.q_row[static_cast<size_t>(t) * b.c.H + h] + d,
+             inf ? inf_bits(qt) : mla_test::nan_bits(qt));
+  b.in.query[(static_cast<size_t>(t) * b.c.H + h) * b.D + d] =
+      inf ? std::numeric_limits<double>::infinity() : std::nan("");
+}
+
+// Element d of key j of request r (dense mode) becomes NaN (or +inf), in the tensor and the
+// oracle.
+inline void poison_key(Built& b, int r, int j, int d, bool inf = false) {
+  const DataType kt = b.c.kv_dtype;
+  const int64_t page = b.block_tables[r * b.block_table_stride + j / b.c.page_size];
+  const int64_t slot = page * b.c.page_size + j % b.c.page_size;
+  store_bits(b.kv, page * b.kv_page_stride + (j % b.c.page_size) * b.kv_row_stride + d,
+             inf ? inf_bits(kt) : mla_test::nan_bits(kt));
+  b.in.kv[slot * b.D + d] =
+      (inf && kt != dt::kFloat8E4M3) ? std::numeric_limits<double>::infinity() : std::nan("");
+}
+
+// out and lse filled with a finite value, so that a row left unwritten cannot pass for NaN.
+inline void fill_outputs(Built& b, double value) {
+  for (int64_t i = 0; i < b.out.count(); ++i) b.out.set(i, value);
+  for (int64_t i = 0; i < b.lse.count(); ++i) b.lse.set(i, value);
+}
+
+// check_against_oracle for calls with non-finite inputs: rows whose reference is NaN must be NaN
+// in every out element and in lse; every other row is compared as check_against_oracle does.
+// `p_rel` as for check_against_oracle. Returns the number of NaN rows.
+inline int64_t check_nan_rows_against_oracle(const Built& b, double p_rel = 0.0) {
+  const oracle::Output ref = oracle::reference(b.in);
+  const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
+  const int L = b.c.L;
+  std::vector<bool> nan_row(rows);
+  int64_t nan_rows = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    nan_row[r] = std::isnan(ref.lse[r]);
+    nan_rows += nan_row[r];
+    if (!nan_row[r]) continue;
+    int64_t finite = 0;
+    for (int l = 0; l < L; ++l) finite += !std::isnan(b.out.get(b.out_row[r] + l));
+    EXPECT_EQ(finite, 0) << "out row " << r << ": expected NaN (a non-finite input touches it)";
+    if (b.c.lse) {
+      EXPECT_TRUE(std::isnan(b.lse.get(r))) << "lse row " << r << ": expected NaN";
+    }
+  }
+  // The NaN rows are left out of the comparison (0 against 0).
+  mla_test::OutTolerance tol = mla_test::out_tolerance(b.c.out_dtype);
+  tol.p_rel = p_rel;
+  EXPECT_TRUE(mla_test::compare_rows(
+      "out", rows, L, tol,
+      [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : b.out.get(b.out_row[r] + l); },
+      [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : ref.out[r * L + l]; },
+      [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : ref.out_abs[r * L + l]; },
+      [&](int64_t r) { return nan_row[r] || std::isinf(ref.lse[r]); }));
+  if (b.c.lse) {
+    EXPECT_TRUE(mla_test::compare_lse(
+        rows, [&](int64_t r) { return nan_row[r] ? 0.0 : b.lse.get(r); },
+        [&](int64_t r) { return nan_row[r] ? 0.0 : ref.lse[r]; }));
+  }
+  return nan_rows;
 }
 
 }  // namespace mla_test::decode_case

@@ -1,4 +1,5 @@
-// Sweeps of mla::decode on the cpu backend against the float64 oracle (SPEC.md sections 1-3, 5).
+// Sweeps of mla::decode on the cpu backend against the float64 oracle (docs/contract.md sections
+// 1-3, 5).
 //
 // Hygiene: fresh random inputs per case; out and lse poisoned with NaN before each run; KV rows
 // past seq_len, unused pages and the padding of strided tensors filled with NaN; unused
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "common/decode_case.h"
+#include "common/fp8_ds_mla.h"
 #include "common/test_util.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
@@ -232,7 +235,22 @@ std::vector<Case> sparse_cases() {
     add(0, {2, 0, 3}, 64, 16, lens);
     add(0, {1, 4}, 33, 1, lens);
   }
-  Case* c = add(2, {}, 128, 64, TopkLens::kPerToken);
+  // seq_len close to top_k with several query tokens: the causal bound seq_len - n + i + 1 cuts
+  // some tokens' lists below top_k (and below topk_len), others not; a request shorter than its
+  // query has tokens that count nothing.
+  for (TopkLens lens : {TopkLens::kNone, TopkLens::kPerRequest, TopkLens::kPerToken}) {
+    Case* c = add(4, {}, 64, 16, lens);
+    c->B = 4;
+    c->seq_lens = {62, 64, 66, 2};
+  }
+  for (TopkLens lens : {TopkLens::kNone, TopkLens::kPerToken}) {
+    Case* c = add(0, {3, 1, 4, 2}, 33, 1, lens);
+    c->seq_lens = {34, 33, 35, 1};
+  }
+  Case* c = add(5, {}, 8, 64, TopkLens::kNone);
+  c->B = 2;
+  c->seq_lens = {9, 6};
+  c = add(2, {}, 128, 64, TopkLens::kPerToken);
   c->H = 128;
   c->sinks = true;
   c = add(3, {}, 64, 16, TopkLens::kNone);
@@ -270,9 +288,10 @@ std::vector<Case> skip_cases() {
   add(3, {300, 70}, 16, 0.0)->mask = Mask::kU32;
   Case* c = add(2, {400, 250}, 16, 0.0);
   c->top_k = 100;
-  // Sparse mode attends the listed slots whatever seq_len says (SPEC.md section 2), so seq_len 0
-  // with listed keys is valid input, and f = 1e-30 must still give the exact result.
-  c = add(2, {0, 0}, 16, 0.0);
+  // Sparse mode bounds each token's list by seq_len - n + i + 1 (docs/contract.md section 2):
+  // seq_len 0 counts nothing, seq_len 1 one entry of the last token; f = 1e-30 must give those rows
+  // too.
+  c = add(2, {0, 1}, 16, 0.0);
   c->top_k = 100;
   c = add(4, {500}, 64, 0.0);
   c->ragged_q_lens = {4};
@@ -350,7 +369,8 @@ std::vector<Case> deepseek_cases() {
   return cases;
 }
 
-// Head widths that are not multiples of a vector width (the cpu backend takes any positive L, R).
+// Head widths that are not multiples of a vector width (the cpu backend takes any L > 0, R >= 0),
+// and FlashInfer's other two head-dim pairs, (256, 64) and (512, 0).
 std::vector<Case> odd_dim_cases() {
   std::vector<Case> cases;
   auto add = [&](int L, int R, int H, int q_len, DataType q, DataType kv) {
@@ -375,6 +395,15 @@ std::vector<Case> odd_dim_cases() {
   c->sinks = true;
   add(33, 31, 128, 3, kFp16, kFp16)->strided = true;
   add(100, 9, 16, 2, kFp32, kFp32)->top_k = 33;
+  add(256, 64, 16, 2, kBf16, kBf16)->sinks = true;
+  add(256, 64, 128, 1, kBf16, kFp8)->top_k = 64;
+  add(512, 0, 16, 3, kBf16, kBf16)->mask = Mask::kU32;
+  add(512, 0, 128, 1, kFp16, kFp16)->scale_tensors = true;
+  c = add(512, 0, 16, 0, kFp8, kFp8);
+  c->ragged_q_lens = {2, 1, 0};
+  c->top_k = 16;
+  c->topk_lens = oracle::TopkLens::kPerToken;
+  add(32, 0, 3, 2, kFp32, kFp32)->strided = true;
   return cases;
 }
 
@@ -391,6 +420,66 @@ std::vector<Case> mixed_cases() {
   for (int n = 0; n < 48; ++n) cases.push_back(mixed_case(1000 + n, space));
   return cases;
 }
+
+// ---- The fp8_ds_mla cache (docs/contract.md section 1): bfloat16 query, 656-byte rows, D = 576
+// ----------
+
+class CpuDecodeFp8DsMla : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuDecodeFp8DsMla, MatchesOracle) {
+  std::unique_ptr<Built> b = build(GetParam());
+  std::vector<uint8_t> cache;
+  mla_test::fp8_ds_mla::use_fp8_ds_mla(*b, cache);
+  ASSERT_TRUE(run_decode(b->params));
+  check_against_oracle(*b);
+}
+
+// Dense and sparse, q_len 1 and MTP, ragged with a mask, sinks, scale tensors, padded and 4-D
+// caches, pages of 1 to 64.
+std::vector<Case> fp8_ds_mla_cases() {
+  std::vector<Case> cases;
+  auto add = [&](int H, int q_len, std::vector<int> seq_lens, int ps) {
+    Case c;
+    c.B = static_cast<int>(seq_lens.size());
+    c.H = H;
+    c.L = 512;
+    c.R = 64;
+    c.q_len = q_len;
+    c.seq_lens = seq_lens;
+    c.page_size = ps;
+    c.q_dtype = c.kv_dtype = kBf16;  // kv: the values the cache is quantized from
+    c.seed = 1300 + cases.size();
+    cases.push_back(c);
+    return &cases.back();
+  };
+  add(16, 1, {300, 1, 0}, 64)->bmm1 = 1.0 / std::sqrt(192.0);  // DeepSeek-V3's softmax scale
+  add(128, 2, {130, 65}, 16)->out_dtype = kFp16;
+  Case* c = add(16, 0, {90, 3, 40}, 1);
+  c->ragged_q_lens = {3, 0, 2};
+  c->mask = Mask::kU32;
+  c->sinks = true;
+  c = add(16, 3, {70, 20}, 16);
+  c->strided = true;
+  c->kv4d = true;
+  c->scale_tensors = true;
+  c = add(16, 2, {150, 70}, 64);
+  c->top_k = 64;
+  c->topk_lens = oracle::TopkLens::kPerToken;
+  c = add(128, 1, {200, 5}, 16);
+  c->top_k = 128;
+  c->sinks = true;
+  c->skip = 1e-30f;
+  c = add(3, 0, {40, 2}, 64);
+  c->ragged_q_lens = {4, 1};
+  c->top_k = 33;
+  c->kv4d = true;
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, CpuDecodeFp8DsMla, ::testing::ValuesIn(fp8_ds_mla_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return "fp8dsmla_" + param_name(info);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuDecode, ::testing::ValuesIn(shape_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, CpuDecode, ::testing::ValuesIn(ragged_cases()), param_name);
@@ -436,6 +525,140 @@ TEST(CpuDecodeSkipSoftmax, KeepsABlockThatOneRowNeeds) {
   }
   ASSERT_TRUE(run_decode(b->params));
   check_against_oracle(*b);
+}
+
+// ---- Non-finite inputs propagate to exactly the rows they touch (docs/contract.md section 1)
+// ------------
+
+// Two requests of two query tokens and a third without keys; token 0 of a request sees keys
+// 0 .. seq_len - 2, token 1 every key.
+Case nan_case() {
+  Case c;
+  c.B = 3;
+  c.H = 4;
+  c.q_len = 2;
+  c.seq_lens = {150, 7, 0};
+  c.page_size = 16;
+  return c;
+}
+
+// Runs `b` (outputs filled with a finite value first) and checks the NaN rows and the others
+// against the oracle; returns the number of NaN rows.
+int64_t run_with_nan_rows(Built& b) {
+  fill_outputs(b, 12345.0);
+  EXPECT_TRUE(run_decode(b.params));
+  return check_nan_rows_against_oracle(b);
+}
+
+TEST(CpuDecodeNonFinite, NanInOneQueryRowMakesOnlyThatRowNaN) {
+  for (DataType q : {kBf16, kFp16, kFp8, kFp32}) {
+    Case c = nan_case();
+    c.q_dtype = c.kv_dtype = q;
+    std::unique_ptr<Built> b = build(c);
+    poison_query(*b, 1, 2, 5);  // request 0, token 1, head 2
+    EXPECT_EQ(run_with_nan_rows(*b), 1) << mla_test::dtype_name(q);
+    poison_query(*b, 4, 0, 0);  // request 2 has no keys: its row stays empty
+    EXPECT_EQ(run_with_nan_rows(*b), 1) << mla_test::dtype_name(q);
+  }
+}
+
+TEST(CpuDecodeNonFinite, InfInAQueryRow) {
+  std::unique_ptr<Built> b = build(nan_case());
+  poison_query(*b, 2, 3, 40, /*inf=*/true);  // request 1, token 0, head 3, in the rope part
+  EXPECT_EQ(run_with_nan_rows(*b), 1);
+}
+
+TEST(CpuDecodeNonFinite, NanInAnAttendedKeyMakesTheRowsAttendingItNaN) {
+  Case c = nan_case();
+  c.skip = 1e-30f;  // a block holding a NaN key is never skipped
+  std::unique_ptr<Built> b = build(c);
+  poison_key(*b, 0, 149, 7);  // request 0's last key: only its token 1 sees it
+  EXPECT_EQ(run_with_nan_rows(*b), 4);
+  b = build(c);
+  poison_key(*b, 0, 3, 40);  // an early key, in the rope part: both tokens of request 0
+  EXPECT_EQ(run_with_nan_rows(*b), 8);
+  b = build(c);
+  poison_key(*b, 1, 6, 0, /*inf=*/true);  // +inf in a value of request 1's last key
+  EXPECT_EQ(run_with_nan_rows(*b), 4);
+}
+
+TEST(CpuDecodeNonFinite, KeysThatAreNotAttendedHaveNoEffect) {
+  // A custom mask that hides draft key 1 (the last key) from both tokens of request 0.
+  Case c = nan_case();
+  c.mask = Mask::kU32;
+  std::unique_ptr<Built> b = build(c);
+  b->mask[0] = b->in.mask[0] = 0b01u;
+  b->mask[1] = b->in.mask[1] = 0b01u;
+  poison_key(*b, 0, 149, 0);
+  poison_key(*b, 0, 149, 33, /*inf=*/true);
+  EXPECT_EQ(run_with_nan_rows(*b), 0);
+  // Sparse: entries past the counted ones (topk_len, the causal bound) and pool rows that no
+  // counted entry names hold NaN (decode_case.h): no row may turn NaN.
+  c = nan_case();
+  c.top_k = 16;
+  c.topk_lens = oracle::TopkLens::kPerToken;
+  b = build(c);
+  EXPECT_EQ(run_with_nan_rows(*b), 0);
+}
+
+TEST(CpuDecodeNonFinite, NonFiniteScalesMakeEveryRowWithKeysNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (bool tensors : {false, true}) {
+    for (int which : {1, 2}) {
+      for (float v : {nan, inf, -inf}) {
+        Case c = nan_case();
+        c.scale_tensors = tensors;
+        std::unique_ptr<Built> b = build(c);
+        float& scale = which == 1 ? (tensors ? b->bmm1_value : b->params.bmm1_scale)
+                                  : (tensors ? b->bmm2_value : b->params.bmm2_scale);
+        scale = v;
+        (which == 1 ? b->in.bmm1_scale : b->in.bmm2_scale) = v;
+        SCOPED_TRACE(std::string(tensors ? "tensor " : "float ") + "bmm" + std::to_string(which) +
+                     " " + std::to_string(v));
+        // Requests 0 and 1: 2 tokens x 4 heads each; request 2 has no keys and stays empty.
+        EXPECT_EQ(run_with_nan_rows(*b), 16);
+        for (int h = 0; h < c.H; ++h) {
+          EXPECT_EQ(b->lse.get(4 * c.H + h), -std::numeric_limits<double>::infinity());
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuDecodeNonFinite, NanInAKeyOfTheFp8DsMlaCache) {
+  Case c = nan_case();
+  c.L = 512;
+  c.R = 64;
+  std::unique_ptr<Built> b = build(c);
+  std::vector<uint8_t> cache;
+  mla_test::fp8_ds_mla::use_fp8_ds_mla(*b, cache);
+  // Key 3 of request 1 (both tokens): its first scale becomes NaN.
+  const int64_t page = b->block_tables[b->block_table_stride + 0];
+  const int64_t slot = page * c.page_size + 3;
+  const int64_t row = page * b->params.kv_cache.strides[0] + 3 * b->params.kv_cache.strides[1];
+  std::memset(&cache[static_cast<size_t>(row) + 512], 0xff, 4);
+  for (int k = 0; k < 128; ++k) b->in.kv[slot * b->D + k] = std::nan("");
+  EXPECT_EQ(run_with_nan_rows(*b), 8);
+}
+
+// ---- Sinks in bf16 and fp16 --------------------------------------------------------------------
+
+TEST(CpuDecodeSinks, SixteenBitSinksAreConverted) {
+  for (DataType sinks_dtype : {kBf16, kFp16}) {
+    Case c;
+    c.B = 2;
+    c.H = 16;
+    c.q_len = 2;
+    c.seq_lens = {90, 0};
+    c.sinks = true;
+    std::unique_ptr<Built> b = build(c);
+    mla_test::Buffer sinks(sinks_dtype, c.H);
+    for (int h = 0; h < c.H; ++h) b->in.sinks[h] = sinks.set(h, b->sinks[h]);
+    b->params.sinks = TensorView::contiguous(sinks.data(), sinks_dtype, {c.H});
+    ASSERT_TRUE(run_decode(b->params)) << mla_test::dtype_name(sinks_dtype);
+    check_against_oracle(*b);
+  }
 }
 
 // ---- Empty batches ----------------------------------------------------------------------------
@@ -548,6 +771,79 @@ TEST(CpuDecodeIndices, NegativeTopkLen) {
   std::unique_ptr<Built> b = build(c);
   b->topk_lens[3] = -1;
   expect_bad_index(*b, "sparse_topk_lens");
+}
+
+// ---- Separate K/V page tables: [B, 2, max_pages], row 1 equal to row 0 (docs/contract.md section
+// 3) -----
+
+// Copies the case's [B, max_pages] table into a [B, 2, max_pages] one (rows padded by `pad`,
+// requests by 2 * pad); entries past the needed pages differ between the rows and are invalid.
+std::vector<int32_t> kv_page_tables(const Built& b, int pad) {
+  const int64_t mp = b.max_pages, row = mp + pad, request = 2 * row + 2 * pad;
+  std::vector<int32_t> t(static_cast<size_t>(std::max<int64_t>(b.c.B * request, 1)), -3);
+  for (int r = 0; r < b.c.B; ++r) {
+    const int64_t needed = (std::max(b.c.seq_lens[r], 0) + b.c.page_size - 1) / b.c.page_size;
+    for (int64_t k = 0; k < mp; ++k) {
+      const int32_t page = b.block_tables[r * b.block_table_stride + k];
+      t[r * request + k] = page;
+      t[r * request + row + k] = k < needed ? page : -9;
+    }
+  }
+  return t;
+}
+
+TEST(CpuDecodeKvPageTables, SameResultAsOneTable) {
+  for (int pad : {0, 3}) {
+    for (bool sinks_and_mask : {false, true}) {
+      Case c;
+      c.B = 3;
+      c.H = 16;
+      c.q_len = 3;
+      c.seq_lens = {200, 1, 40};
+      c.strided = pad > 0;
+      c.sinks = sinks_and_mask;
+      c.mask = sinks_and_mask ? Mask::kU32 : Mask::kNone;
+      std::unique_ptr<Built> b = build(c);
+      ASSERT_TRUE(run_decode(b->params));
+      check_against_oracle(*b);
+      const std::vector<uint8_t> out = b->out.bytes(), lse = b->lse.bytes();
+
+      std::vector<int32_t> tables = kv_page_tables(*b, pad);
+      const int64_t row = b->max_pages + pad;
+      b->params.block_tables = TensorView::strided(
+          tables.data(), dt::kInt32, {c.B, 2, b->max_pages}, {2 * row + 2 * pad, row, 1});
+      b->reset_outputs(77);
+      ASSERT_TRUE(run_decode(b->params));
+      EXPECT_TRUE(out == b->out.bytes()) << "pad " << pad;
+      EXPECT_TRUE(lse == b->lse.bytes()) << "pad " << pad;
+    }
+  }
+}
+
+TEST(CpuDecodeKvPageTables, RowsThatDifferOnANeededPageAreABadIndex) {
+  std::unique_ptr<Built> b = build(index_case());
+  std::vector<int32_t> tables = kv_page_tables(*b, 0);
+  const int64_t mp = b->max_pages;
+  b->params.block_tables = TensorView::contiguous(tables.data(), dt::kInt32, {b->c.B, 2, mp});
+  // Request 2 (seq_len 20, pages of 16) needs logical pages 0 and 1.
+  int32_t& v = tables[2 * 2 * mp + mp + 1];
+  const int32_t k = tables[2 * 2 * mp + 1];
+  v = k == 0 ? 1 : 0;
+  try {
+    mla::decode(b->params);
+    ADD_FAILURE() << "no error for differing K/V page tables";
+  } catch (const mla::Error& e) {
+    EXPECT_EQ(e.code(), mla::ErrorCode::kBadIndex) << e.what();
+    EXPECT_EQ(std::string(e.what()),
+              "block_tables[2][1][1]: page id " + std::to_string(v) +
+                  " differs from block_tables[2][0][1] = " + std::to_string(k) +
+                  " (separate K/V page tables must name the same pages for MLA)");
+  }
+  EXPECT_TRUE(b->outputs_untouched());
+  // An out-of-range page in row 0 is named with its row.
+  v = k;
+  tables[1] = -1;
+  expect_bad_index(*b, "block_tables[0][0][1]: page id -1 out of range");
 }
 
 // ---- Determinism ------------------------------------------------------------------------------

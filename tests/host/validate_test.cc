@@ -1,7 +1,7 @@
-// Validation tests (SPEC.md section 5): every rule of src/host/validate.cc and src/host/api.cc,
-// each checked against an otherwise valid call. A rejection must carry the right mla::ErrorCode, a
-// message that starts with the argument's name and quotes the value given, and must leave out and
-// lse untouched: bad input gets a clear error before anything is written.
+// Validation tests (docs/contract.md section 5): every rule of src/host/validate.cc and
+// src/host/api.cc, each checked against an otherwise valid call. A rejection must carry the right
+// mla::ErrorCode, a message that starts with the argument's name and quotes the value given, and
+// must leave out and lse untouched: bad input gets a clear error before anything is written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -454,7 +454,7 @@ TEST_F(ValidateTest, QueryZeroHeadsRagged) {
                {"expected at least 1 head (dim 1)", "[3, 0, 48]"});
 }
 
-// q_len 0: no query tokens (T = 0), a no-op (SPEC.md section 3), with every dense option.
+// q_len 0: no query tokens (T = 0), a no-op (docs/contract.md section 3), with every dense option.
 TEST_F(ValidateTest, DenseWithoutQueryTokensIsANoOp) {
   make_full_dense();
   for (TensorView* t : {&p_.query, &p_.out, &p_.lse, &p_.mask}) t->shape[1] = 0;
@@ -484,12 +484,22 @@ TEST_F(ValidateTest, KvLoraRankMustBePositive) {
   }
 }
 
-TEST_F(ValidateTest, RopeHeadDimMustBePositive) {
-  for (int32_t v : {0, -1}) {
+TEST_F(ValidateTest, RopeHeadDimMustBeNonNegative) {
+  for (int32_t v : {-1, -64}) {
     p_.qk_rope_head_dim = v;
     expect_error(ErrorCode::kInvalidArgument, "qk_rope_head_dim",
-                 {"expected a positive value", "got " + std::to_string(v)});
+                 {"expected a non-negative value", "got " + std::to_string(v)});
   }
+}
+
+// R = 0 (FlashInfer's (512, 0)): the key is the value row; here L = 48 over the same tensors.
+TEST_F(ValidateTest, RopeHeadDimZeroIsAccepted) {
+  out_.assign(kB * kQ * kH * kD, kOutSentinel);
+  p_.out = TensorView::contiguous(out_.data(), dtype::kBFloat16, {kB, kQ, kH, kD});
+  p_.kv_lora_rank = static_cast<int32_t>(kD);
+  p_.qk_rope_head_dim = 0;
+  refresh_workspace();
+  decode_ok();
 }
 
 TEST_F(ValidateTest, NopeHeadDimMustBePositive) {
@@ -880,10 +890,74 @@ TEST_F(ValidateTest, BlockTablesMissingInDenseMode) {
 }
 
 TEST_F(ValidateTest, BlockTablesRank) {
-  p_.block_tables =
-      TensorView::contiguous(block_tables_.data(), dtype::kInt32, {kB, kMaxPages / 2, 2});
+  p_.block_tables = TensorView::contiguous(block_tables_.data(), dtype::kInt32, {kB * kMaxPages});
   expect_error(ErrorCode::kInvalidArgument, "block_tables",
-               {"expected rank 2 [B, max_pages]", "got rank 3", "[2, 2, 2]"});
+               {"expected rank 2 [B, max_pages] or 3 [B, 2, max_pages]", "got rank 1", "[8]"});
+  p_.block_tables =
+      TensorView::contiguous(block_tables_.data(), dtype::kInt32, {kB, 1, 2, kMaxPages / 2});
+  expect_error(ErrorCode::kInvalidArgument, "block_tables",
+               {"expected rank 2 [B, max_pages] or 3 [B, 2, max_pages]", "got rank 4"});
+}
+
+// ---- Separate K and V page tables: [B, 2, max_pages] ----
+
+// The K table (row 0) and the V table (row 1) of each request, equal to the baseline's table.
+std::vector<int32_t> kv_page_tables(const std::vector<int32_t>& table) {
+  std::vector<int32_t> t;
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int row = 0; row < 2; ++row) {
+      t.insert(t.end(), table.begin() + b * kMaxPages, table.begin() + (b + 1) * kMaxPages);
+    }
+  }
+  return t;
+}
+
+TEST_F(ValidateTest, SeparateKvPageTablesGiveTheSameResult) {
+  const std::vector<uint16_t> expected = decode_ok();
+  std::vector<int32_t> tables = kv_page_tables(block_tables_);
+  p_.block_tables = TensorView::contiguous(tables.data(), dtype::kInt32, {kB, 2, kMaxPages});
+  EXPECT_EQ(decode_ok(), expected);
+  // Request 0 (seq_len 20) needs pages 0 and 1 only: the V table may differ past them.
+  tables[2] = tables[3] = -1;
+  tables[kMaxPages + 3] = 99;
+  EXPECT_EQ(decode_ok(), expected);
+  // Strides free but the last: rows padded to 6 entries, requests to 16.
+  std::vector<int32_t> padded(kB * 16, -5);
+  for (int64_t b = 0; b < kB; ++b) {
+    for (int row = 0; row < 2; ++row) {
+      std::copy_n(&block_tables_[b * kMaxPages], kMaxPages, &padded[b * 16 + row * 6]);
+    }
+  }
+  p_.block_tables =
+      TensorView::strided(padded.data(), dtype::kInt32, {kB, 2, kMaxPages}, {16, 6, 1});
+  EXPECT_EQ(decode_ok(), expected);
+}
+
+TEST_F(ValidateTest, SeparateKvPageTablesNeedTwoRows) {
+  std::vector<int32_t> tables(kB * 3 * kMaxPages, 0);
+  p_.block_tables = TensorView::contiguous(tables.data(), dtype::kInt32, {kB, 3, kMaxPages});
+  expect_error(ErrorCode::kInvalidArgument, "block_tables",
+               {"expected dim 1 (the K and V page tables) = 2", "got 3", "[2, 3, 4]"});
+  p_.block_tables = TensorView::strided(tables.data(), dtype::kInt32, {kB, 2, kMaxPages / 2},
+                                        {2 * kMaxPages, kMaxPages, 2});
+  expect_error(ErrorCode::kInvalidArgument, "block_tables",
+               {"expected a contiguous last dim (stride 1)", "[8, 4, 2]"});
+  p_.block_tables = TensorView::contiguous(tables.data(), dtype::kInt32, {1, 2, kMaxPages});
+  expect_error(ErrorCode::kInvalidArgument, "block_tables", {"expected B = 2", "got 1"});
+}
+
+// MLA reads K and V from one row: the checked mode (always on for cpu) names the first entry of
+// the V table that differs on a needed page.
+TEST_F(ValidateTest, SeparateKvPageTablesMustAgreeOnNeededPages) {
+  std::vector<int32_t> tables = kv_page_tables(block_tables_);
+  p_.block_tables = TensorView::contiguous(tables.data(), dtype::kInt32, {kB, 2, kMaxPages});
+  tables[3 * kMaxPages + 2] = 3;  // request 1 (seq_len 33) needs pages 0..2; row 0 has 5 there
+  poison();
+  const std::string msg = error_of([&] { mla::decode(p_); }, ErrorCode::kBadIndex);
+  EXPECT_EQ(msg,
+            "block_tables[1][1][2]: page id 3 differs from block_tables[1][0][2] = 5 (separate "
+            "K/V page tables must name the same pages for MLA)");
+  expect_untouched();
 }
 
 TEST_F(ValidateTest, BlockTablesDtype) {
@@ -1272,6 +1346,33 @@ TEST_F(ValidateTest, OutMustBeContiguous) {
                {"expected a contiguous last dim (stride 1)", "[256, 128, 32, 2]"});
 }
 
+// Each element of out and lse is written once: no zero stride on a dim of size > 1.
+TEST_F(ValidateTest, OutAndLseNeedNonZeroStrides) {
+  p_.out.strides[1] = 0;
+  expect_error(ErrorCode::kInvalidArgument, "out",
+               {"expected a non-zero stride on every dim of size > 1 (each element written once)",
+                "got strides [256, 0, 32, 1] for shape [2, 2, 4, 32]"});
+  make_dense();
+  p_.lse.strides[2] = 0;
+  expect_error(ErrorCode::kInvalidArgument, "lse",
+               {"expected a non-zero stride on every dim of size > 1",
+                "got strides [8, 4, 0] for shape [2, 2, 4]"});
+  make_ragged();
+  p_.out = TensorView::strided(out_.data(), dtype::kBFloat16, {kT, kH, kL}, {0, kL, 1});
+  expect_error(ErrorCode::kInvalidArgument, "out", {"got strides [0, 32, 1]"});
+  // A dim of size 1 may have any stride, and an empty tensor is written nowhere.
+  make_dense();
+  for (TensorView* t : {&p_.query, &p_.out, &p_.lse}) t->shape[1] = 1;
+  p_.out.strides[1] = 0;
+  p_.lse.strides[1] = 0;
+  refresh_workspace();
+  EXPECT_NO_THROW(mla::decode(p_));
+  for (TensorView* t : {&p_.query, &p_.out, &p_.lse}) t->shape[1] = 0;
+  p_.out.strides[0] = p_.lse.strides[0] = 0;
+  refresh_workspace();
+  EXPECT_NO_THROW(mla::decode(p_));
+}
+
 TEST_F(ValidateTest, OutFp16WithBf16QueryIsAccepted) {
   p_.out.dtype = dtype::kFloat16;
   decode_ok();
@@ -1303,8 +1404,25 @@ TEST_F(ValidateTest, LseDimsLikeQuery) {
 
 TEST_F(ValidateTest, SinksDtype) {
   add_sinks();
-  p_.sinks.dtype = dtype::kBFloat16;
-  expect_error(ErrorCode::kTypeError, "sinks", {"expected dtype float32", "got bfloat16"});
+  p_.sinks.dtype = dtype::kInt32;
+  expect_error(ErrorCode::kTypeError, "sinks",
+               {"expected dtype float32, bfloat16 or float16", "got int32"});
+  p_.sinks.dtype = dtype::kFloat8E4M3;
+  expect_error(ErrorCode::kTypeError, "sinks",
+               {"expected dtype float32, bfloat16 or float16", "got float8_e4m3fn"});
+}
+
+// Sinks in bf16 or fp16 are converted: values exact in both give the fp32 result.
+TEST_F(ValidateTest, SixteenBitSinksAreAccepted) {
+  add_sinks();
+  refresh_workspace();
+  const std::vector<uint16_t> expected = decode_ok();
+  std::vector<uint16_t> sinks_bf16, sinks_fp16 = {0x3800, 0xbc00, 0x0000, 0x4000};  // fp16 bits
+  for (float v : sinks_) sinks_bf16.push_back(bf16(v));
+  p_.sinks = TensorView::contiguous(sinks_bf16.data(), dtype::kBFloat16, {kH});
+  EXPECT_EQ(decode_ok(), expected);
+  p_.sinks = TensorView::contiguous(sinks_fp16.data(), dtype::kFloat16, {kH});
+  EXPECT_EQ(decode_ok(), expected);
 }
 
 TEST_F(ValidateTest, SinksRank) {
@@ -1366,16 +1484,21 @@ TEST_F(ValidateTest, ScaleTensorsGiveTheSameResultAsFloats) {
   EXPECT_EQ(decode_ok(), expected);
 }
 
-TEST_F(ValidateTest, ScaleFloatsMustBeFinite) {
+// A NaN or inf scale is accepted and propagates (docs/contract.md section 1): every row of the
+// baseline has keys, so every out and lse element is NaN.
+TEST_F(ValidateTest, NonFiniteScaleFloatsAreAcceptedAndPropagate) {
   for (float v : {kNaN, kInf, -kInf}) {
-    std::ostringstream got;
-    got << "got " << v;
-    make_dense();
-    p_.bmm1_scale = v;
-    expect_error(ErrorCode::kInvalidArgument, "bmm1_scale", {"expected a finite value", got.str()});
-    make_dense();
-    p_.bmm2_scale = v;
-    expect_error(ErrorCode::kInvalidArgument, "bmm2_scale", {"expected a finite value", got.str()});
+    for (float* scale : {&p_.bmm1_scale, &p_.bmm2_scale}) {
+      make_dense();
+      *scale = v;
+      std::fill(out_.begin(), out_.end(), bf16(1.0f));  // NaN must be written, not left
+      std::fill(lse_.begin(), lse_.end(), 1.0f);
+      EXPECT_NO_THROW(mla::decode(p_)) << v;
+      size_t finite = 0;
+      for (uint16_t x : out_) finite += (x & 0x7fff) <= 0x7f80;
+      for (float x : lse_) finite += !std::isnan(x);
+      EXPECT_EQ(finite, 0u) << "scale " << v;
+    }
   }
 }
 
@@ -1561,6 +1684,173 @@ TEST_F(ValidateTest, KvCache4DLayoutIsAccepted) {
   p_.kv_cache = TensorView::contiguous(kv_.data(), dtype::kBFloat16, {kPages, 1, kPageSize, kD});
   refresh_workspace();
   EXPECT_EQ(decode_ok(), expected);
+}
+
+// ---- out and lse apart from the inputs, the workspace and each other (docs/contract.md section 3)
+// ----
+
+class OverlapTest : public ValidateTest {
+ protected:
+  // Moves `input` into a copy at the start of arena_ and points `output` at the copy's last 4
+  // bytes, so that they overlap while every value stays valid; the arena has room for all of
+  // `output` past the copy (a call that were wrongly accepted writes inside it).
+  void overlap(TensorView& output, TensorView& input) {
+    const size_t in_bytes = static_cast<size_t>(input.numel()) * (input.dtype.bits / 8);
+    const size_t out_bytes = static_cast<size_t>(output.numel()) * (output.dtype.bits / 8);
+    ASSERT_GE(in_bytes, 4u);
+    ASSERT_EQ(in_bytes % 4, 0u);
+    arena_.assign(in_bytes + out_bytes, 0);
+    std::memcpy(arena_.data(), input.data, in_bytes);
+    input.data = arena_.data();
+    output.data = arena_.data() + in_bytes - 4;
+    input_copy_.assign(arena_.begin(), arena_.begin() + static_cast<int64_t>(in_bytes));
+  }
+
+  // decode() and run() refuse the call naming both arguments; workspace_size() and plan(), which
+  // read only shapes, accept it; the input's bytes are untouched.
+  void expect_overlap_error(const std::string& output, const std::string& input) {
+    const std::string msg = error_of([&] { mla::decode(p_); }, ErrorCode::kInvalidArgument);
+    expect_message(msg, output,
+                   {output + ": overlaps " + input + " (bytes [0x", ") and [0x",
+                    "expected out and lse apart from every input, the workspace "
+                    "and each other"});
+    EXPECT_NO_THROW(mla::workspace_size(p_));
+    mla::Plan plan;
+    EXPECT_NO_THROW(plan = mla::plan(p_));
+    EXPECT_EQ(error_of([&] { mla::run(plan, p_); }, ErrorCode::kInvalidArgument), msg);
+    EXPECT_TRUE(std::equal(input_copy_.begin(), input_copy_.end(), arena_.begin()))
+        << "the input was written";
+  }
+
+  std::vector<uint8_t> arena_, input_copy_;
+};
+
+TEST_F(OverlapTest, OutMustNotOverlapAnInputOrTheWorkspace) {
+  for (auto& [baseline_name, make] : baselines()) {
+    std::vector<TensorArg> inputs = all_tensor_args();
+    inputs.push_back({"query", &DecodeParams::query});
+    inputs.push_back({"workspace", &DecodeParams::workspace});
+    for (const TensorArg& arg : inputs) {
+      const std::string name = arg.name;
+      if (name == "out" || name == "lse") continue;
+      make();
+      TensorView& input = p_.*arg.member;
+      if (!input.defined()) continue;
+      SCOPED_TRACE(std::string(baseline_name) + " baseline, " + name);
+      overlap(p_.out, input);
+      expect_overlap_error("out", name);
+    }
+  }
+}
+
+TEST_F(OverlapTest, LseMustNotOverlapAnInputOrTheWorkspace) {
+  for (const char* name : {"query", "kv_cache", "seq_lens", "block_tables", "workspace"}) {
+    SCOPED_TRACE(name);
+    make_dense();
+    TensorView& input = std::string(name) == "query"       ? p_.query
+                        : std::string(name) == "kv_cache"  ? p_.kv_cache
+                        : std::string(name) == "seq_lens"  ? p_.seq_lens
+                        : std::string(name) == "workspace" ? p_.workspace
+                                                           : p_.block_tables;
+    overlap(p_.lse, input);
+    expect_overlap_error("lse", name);
+  }
+}
+
+TEST_F(OverlapTest, OutAndLseMustNotOverlap) {
+  p_.lse.data = reinterpret_cast<uint8_t*>(out_.data()) + 64;
+  const std::string msg = error_of([&] { mla::decode(p_); }, ErrorCode::kInvalidArgument);
+  expect_message(msg, "lse", {"lse: overlaps out (bytes [0x"});
+}
+
+// Extents that touch without sharing a byte are apart; empty tensors overlap nothing.
+TEST_F(OverlapTest, AdjacentAndEmptyTensorsAreApart) {
+  const std::vector<uint16_t> expected = decode_ok();
+  // lse, then out right after it, right after a copy of the query, in one buffer.
+  const size_t q_bytes = query_.size() * 2, lse_bytes = lse_.size() * 4,
+               out_bytes = out_.size() * 2;
+  arena_.assign(q_bytes + lse_bytes + out_bytes, 0);
+  std::memcpy(arena_.data(), query_.data(), q_bytes);
+  p_.query.data = arena_.data();
+  p_.lse.data = arena_.data() + q_bytes;
+  p_.out.data = arena_.data() + q_bytes + lse_bytes;
+  EXPECT_NO_THROW(mla::decode(p_));
+  std::vector<uint16_t> out(out_.size());
+  std::memcpy(out.data(), arena_.data() + q_bytes + lse_bytes, out_bytes);
+  EXPECT_EQ(out, expected);
+
+  // q_len 0: out and lse are empty, wherever they point.
+  make_dense();
+  for (TensorView* t : {&p_.query, &p_.out, &p_.lse}) t->shape[1] = 0;
+  p_.out.data = p_.lse.data = p_.query.data;
+  refresh_workspace();
+  EXPECT_NO_THROW(mla::decode(p_));
+}
+
+// ---- The fp8_ds_mla cache: uint8 [P, page_size, 656] with a bfloat16 query, L 512, R 64 ----
+
+class Fp8DsMlaValidateTest : public ValidateTest {
+ protected:
+  void SetUp() override {
+    make_dense();
+    constexpr int64_t L = 512, D = 576;
+    query16_.assign(kB * kQ * kH * D, bf16(0.5f));
+    cache_.assign(kPages * kPageSize * 656, 0);
+    out16_.assign(kB * kQ * kH * L, kOutSentinel);
+    p_.query = TensorView::contiguous(query16_.data(), dtype::kBFloat16, {kB, kQ, kH, D});
+    p_.kv_cache = TensorView::contiguous(cache_.data(), dtype::kUInt8, {kPages, kPageSize, 656});
+    p_.out = TensorView::contiguous(out16_.data(), dtype::kBFloat16, {kB, kQ, kH, L});
+    p_.kv_lora_rank = 512;
+    p_.qk_rope_head_dim = 64;
+    refresh_workspace();
+  }
+  std::vector<uint16_t> query16_, out16_;
+  std::vector<uint8_t> cache_;
+};
+
+TEST_F(Fp8DsMlaValidateTest, BaselineIsValid) {
+  EXPECT_NO_THROW(mla::decode(p_));
+  // The 4-D layout and padded rows and pages (strides in bytes).
+  p_.kv_cache = TensorView::contiguous(cache_.data(), dtype::kUInt8, {kPages, 1, kPageSize, 656});
+  EXPECT_NO_THROW(mla::decode(p_));
+  constexpr int64_t kRowStride = 672, kPageStride = kPageSize * kRowStride + 64;
+  std::vector<uint8_t> padded(kPages * kPageStride, 0);
+  p_.kv_cache = TensorView::strided(padded.data(), dtype::kUInt8, {kPages, kPageSize, 656},
+                                    {kPageStride, kRowStride, 1});
+  EXPECT_NO_THROW(mla::decode(p_));
+}
+
+TEST_F(Fp8DsMlaValidateTest, QueryMustBeBfloat16) {
+  p_.query.dtype = dtype::kFloat16;
+  expect_error(ErrorCode::kTypeError, "kv_cache",
+               {"(bfloat16, uint8 fp8_ds_mla)", "got (float16, uint8)"});
+  std::vector<uint8_t> q8(query16_.size(), 0);
+  p_.query.data = q8.data();
+  p_.query.dtype = dtype::kFloat8E4M3;
+  expect_error(ErrorCode::kTypeError, "kv_cache", {"got (float8_e4m3fn, uint8)"});
+}
+
+TEST_F(Fp8DsMlaValidateTest, HeadDimsMustBe512And64) {
+  p_.query.shape[3] = 320;  // a fake view over the same memory
+  p_.out.shape[3] = 256;
+  p_.kv_lora_rank = 256;
+  expect_error(ErrorCode::kInvalidArgument, "kv_cache",
+               {"expected kv_lora_rank 512 and qk_rope_head_dim 64 with a uint8 (fp8_ds_mla) "
+                "cache",
+                "got kv_lora_rank 256 and qk_rope_head_dim 64"});
+}
+
+TEST_F(Fp8DsMlaValidateTest, RowsAre656Bytes) {
+  p_.kv_cache = TensorView::contiguous(cache_.data(), dtype::kUInt8, {kPages, kPageSize, 576});
+  expect_error(ErrorCode::kInvalidArgument, "kv_cache",
+               {"expected last dim of fp8_ds_mla bytes per token (512 float8_e4m3fn values, 4 "
+                "float32 scales, 64 bfloat16 rope values) = 656",
+                "got 576"});
+  p_.kv_cache = TensorView::strided(cache_.data(), dtype::kUInt8, {kPages, kPageSize, 328},
+                                    {kPageSize * 656, 656, 2});
+  p_.kv_cache.shape[2] = 656;
+  expect_error(ErrorCode::kInvalidArgument, "kv_cache",
+               {"expected a contiguous last dim (stride 1)"});
 }
 
 TEST_F(ValidateTest, KvCachePageAndRowStridesAreFree) {

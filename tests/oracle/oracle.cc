@@ -1,4 +1,4 @@
-// float64 reference of MLA decode: SPEC.md sections 1 and 2, evaluated literally.
+// float64 reference of MLA decode: docs/contract.md sections 1 and 2, evaluated literally.
 #include "oracle/oracle.h"
 
 #include <algorithm>
@@ -63,11 +63,14 @@ std::vector<int64_t> attended_slots(const Input& in, int b, int i) {
   const int64_t pool_rows = static_cast<int64_t>(in.num_pages) * in.page_size;
 
   if (in.sparse) {
-    // The first `len` listed entries; -1 means no key; no causal rule.
-    int len = in.top_k;
-    if (in.topk_lens_mode == TopkLens::kPerRequest) len = in.topk_lens.at(b);
-    if (in.topk_lens_mode == TopkLens::kPerToken) len = in.topk_lens.at(t);
-    for (int e = 0; e < len; ++e) {
+    // The first min(top_k, topk_len, seq_len - n_b + i + 1) listed entries (the last term: the
+    // keys visible to token i); -1 means no key.
+    int64_t len = in.top_k;
+    if (in.topk_lens_mode == TopkLens::kPerRequest)
+      len = std::min<int64_t>(len, in.topk_lens.at(b));
+    if (in.topk_lens_mode == TopkLens::kPerToken) len = std::min<int64_t>(len, in.topk_lens.at(t));
+    len = std::min<int64_t>(len, int64_t{in.seq_lens.at(b)} - in.q_lens.at(b) + i + 1);
+    for (int64_t e = 0; e < len; ++e) {
       const int32_t slot = in.sparse_indices.at(static_cast<size_t>(t) * in.top_k + e);
       if (slot == -1) continue;
       if (slot < 0 || slot >= pool_rows) throw std::out_of_range("oracle: bad sparse index");
@@ -107,12 +110,33 @@ Output reference(const Input& in) {
     for (int i = 0; i < in.q_lens.at(b); ++i) tokens.emplace_back(b, i);
   }
 
+  auto finite = [](const double* x, int n) {
+    for (int d = 0; d < n; ++d) {
+      if (!std::isfinite(x[d])) return false;
+    }
+    return true;
+  };
+  const bool scales_finite = std::isfinite(in.bmm1_scale) && std::isfinite(in.bmm2_scale);
+
   // One query row (token t, head h) over its attended slots.
   auto row = [&](int t, int h, const std::vector<int64_t>& slots, std::vector<double>& s) {
     const double* q = &in.query.at((static_cast<size_t>(t) * H + h) * D);
     double* out = &result.out[(static_cast<size_t>(t) * H + h) * L];
     double* out_abs = &result.out_abs[(static_cast<size_t>(t) * H + h) * L];
     if (slots.empty()) return;  // out = 0, lse = -inf
+
+    // A NaN or inf in the query row, an attended key or a scale: out and lse NaN.
+    bool inputs_finite = scales_finite && finite(q, D);
+    for (size_t a = 0; a < slots.size() && inputs_finite; ++a) {
+      inputs_finite = finite(&in.kv.at(static_cast<size_t>(slots[a]) * D), D);
+    }
+    if (!inputs_finite) {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      std::fill(out, out + L, nan);
+      std::fill(out_abs, out_abs + L, nan);
+      result.lse[static_cast<size_t>(t) * H + h] = nan;
+      return;
+    }
 
     // Pass 1: scores and their maximum.
     s.assign(slots.size(), 0.0);
@@ -180,6 +204,20 @@ Output reference(const Input& in) {
     if (e) std::rethrow_exception(e);
   }
   return result;
+}
+
+void fp8_ds_mla_to_double(const uint8_t* row, double* key) {
+  auto le = [row](int offset, int bytes) {
+    uint32_t v = 0;
+    for (int k = bytes - 1; k >= 0; --k) v = v << 8 | row[offset + k];
+    return v;
+  };
+  for (int g = 0; g < 4; ++g) {
+    const double scale = fp32_to_double(le(512 + 4 * g, 4));
+    for (int k = 128 * g; k < 128 * (g + 1); ++k) key[k] = fp8_e4m3fn_to_double(row[k]) * scale;
+  }
+  for (int k = 0; k < 64; ++k)
+    key[512 + k] = bf16_to_double(static_cast<uint16_t>(le(528 + 2 * k, 2)));
 }
 
 double bf16_to_double(uint16_t bits) {

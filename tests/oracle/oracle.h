@@ -1,5 +1,5 @@
-// A float64 reference of MLA decode, written from SPEC.md alone. It shares no code with the
-// library: inputs arrive already decoded to double in plain vectors, and the element decoders
+// A float64 reference of MLA decode, written from docs/contract.md alone. It shares no code with
+// the library: inputs arrive already decoded to double in plain vectors, and the element decoders
 // below are independent of the library's.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 namespace oracle {
 
-// How sparse_topk_lens is given (SPEC.md section 2, sparse mode).
+// How sparse_topk_lens is given (docs/contract.md section 2, sparse mode).
 enum class TopkLens { kNone, kPerRequest, kPerToken };
 
 // One decode call. Query tokens are numbered globally: the n_b tokens of request b are tokens
@@ -26,8 +26,8 @@ struct Input {
   std::vector<double> kv;  // [P * page_size, D]; row `slot` = page * page_size + offset
 
   int max_pages = 0;                  // dense mode
-  std::vector<int32_t> block_tables;  // [B, max_pages]
-  std::vector<int32_t> seq_lens;      // [B]
+  std::vector<int32_t> block_tables;  // [B, max_pages] (row 0 of separate K/V page tables)
+  std::vector<int32_t> seq_lens;      // [B]; sparse mode: the causal bound of each token's list
 
   bool has_mask = false;
   int mask_words = 0;          // W, uint32 words per row
@@ -56,6 +56,8 @@ struct Input {
 struct Output {
   std::vector<double> out;  // [T, H, L]
   std::vector<double> lse;  // [T, H]; -inf for an empty attended set
+  // A row whose query row, attended keys or scales hold a NaN or inf has NaN in out, lse and
+  // out_abs (docs/contract.md section 1); an empty row stays out 0, lse -inf.
   // [T, H, L] |bmm2_scale| * sum_j p_j |v_jl| / Z (Z with the sink, as for out): the size of the
   // terms that out sums, an error scale for kernels that round each p_j (0 for an empty set).
   std::vector<double> out_abs;
@@ -65,8 +67,17 @@ struct Output {
 // Throws std::out_of_range when the set would reach outside the pool (a bug in the test).
 std::vector<int64_t> attended_slots(const Input& in, int b, int i);
 
-// SPEC.md section 1 over the sets of section 2, in double, with a two-pass softmax.
+// docs/contract.md section 1 over the sets of section 2, in double, with a two-pass softmax.
 Output reference(const Input& in);
+
+// The fp8_ds_mla cache row of one token (docs/contract.md section 1; DeepSeek-V3.2's layout): 656
+// bytes = 512 float8_e4m3fn values, 4 little-endian fp32 scales (scale g multiplies values [128g,
+// 128g + 128)), 64 little-endian bf16 rope values.
+inline constexpr int kFp8DsMlaRowBytes = 656;
+inline constexpr int kFp8DsMlaValues = 576;  // the key: 512 dequantized values, then 64 rope values
+
+// The 576 key values of one fp8_ds_mla row, into `key`.
+void fp8_ds_mla_to_double(const uint8_t* row, double* key);
 
 // Bit patterns to values.
 double bf16_to_double(uint16_t bits);

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "common/test_util.h"
 
@@ -171,7 +173,7 @@ TEST(Oracle, SparseListsWithDuplicatesAndHoles) {
   in.top_k = 4;
   in.sparse_indices = {0, -1, 0, 1};  // pool row 0 is key 1 (s = ln 3), pool row 1 is key 0
   in.block_tables.clear();
-  in.seq_lens = {0};  // sparse mode attends the listed slots, whatever seq_len says
+  in.seq_lens = {4};  // the causal bound seq_len - n + i + 1 = 4 counts every entry
   oracle::Output r = oracle::reference(in);
   EXPECT_NEAR(r.out[0], 2.0 / 7.0, 1e-15);  // weights 3, 3, 1 on v = 0, 0, 2
   EXPECT_NEAR(r.lse[0], std::log(7.0), 1e-15);
@@ -193,6 +195,109 @@ TEST(Oracle, SparseListsWithDuplicatesAndHoles) {
   in.topk_lens_mode = oracle::TopkLens::kNone;
   in.sparse_indices = {0, 2, 0, 0};  // pool has 2 rows
   EXPECT_THROW(oracle::reference(in), std::out_of_range);
+}
+
+// Sparse token i counts its first min(top_k, topk_len, seq_len - n + i + 1) entries.
+TEST(Oracle, SparseCausalBound) {
+  oracle::Input in = two_keys(2, 2);  // two query tokens
+  in.sparse = true;
+  in.top_k = 3;
+  in.sparse_indices = {1, 0, 0, /* token 1: */ 0, 1, 1};
+  in.block_tables.clear();
+  in.seq_lens = {3};  // token 0 counts 2 entries, token 1 all 3
+  EXPECT_EQ(oracle::attended_slots(in, 0, 0), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(oracle::attended_slots(in, 0, 1), (std::vector<int64_t>{0, 1, 1}));
+  oracle::Output r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 0.5, 1e-15);  // weights 1 (v 2), 3 (v 0)
+  EXPECT_NEAR(r.lse[0], std::log(4.0), 1e-15);
+  EXPECT_NEAR(r.out[1], 4.0 / 5.0, 1e-15);  // weights 3, 1, 1 on v = 0, 2, 2
+  EXPECT_NEAR(r.lse[1], std::log(5.0), 1e-15);
+
+  in.seq_lens = {1};  // token 0: 1 - 2 + 0 + 1 = 0 entries, token 1: 1
+  EXPECT_TRUE(oracle::attended_slots(in, 0, 0).empty());
+  EXPECT_EQ(oracle::attended_slots(in, 0, 1), (std::vector<int64_t>{0}));
+  r = oracle::reference(in);
+  EXPECT_EQ(r.out[0], 0.0);
+  EXPECT_EQ(r.lse[0], -kInf);
+  EXPECT_NEAR(r.lse[1], std::log(3.0), 1e-15);
+
+  in.seq_lens = {0};  // no token sees any key
+  EXPECT_TRUE(oracle::attended_slots(in, 0, 1).empty());
+
+  in.seq_lens = {9};  // topk_len binds before seq_len
+  in.topk_lens_mode = oracle::TopkLens::kPerToken;
+  in.topk_lens = {1, 2};
+  EXPECT_EQ(oracle::attended_slots(in, 0, 0), (std::vector<int64_t>{1}));
+  EXPECT_EQ(oracle::attended_slots(in, 0, 1), (std::vector<int64_t>{0, 1}));
+}
+
+// A NaN or inf in the query row, an attended key (value part included) or a scale makes exactly
+// the rows it touches NaN; keys that are not attended and empty rows are unaffected.
+TEST(Oracle, NonFiniteInputsPropagateToTheRowsTheyTouch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto expect_nan = [](const oracle::Output& r, size_t row) {
+    EXPECT_TRUE(std::isnan(r.out[row])) << row;
+    EXPECT_TRUE(std::isnan(r.lse[row])) << row;
+  };
+  // Token 0 sees key 0 (pool row 1), token 1 sees keys 0 and 1.
+  oracle::Input in = two_keys(2, 2);
+  in.query[2] = nan;  // token 1's query row
+  oracle::Output r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 2.0, 1e-15);
+  expect_nan(r, 1);
+
+  in = two_keys(2, 2);
+  in.kv[0] = kInf;  // key 1's value, attended by token 1 only
+  r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 2.0, 1e-15);
+  expect_nan(r, 1);
+
+  in = two_keys(2, 2);
+  in.kv[3] = -kInf;  // key 0's rope part: both tokens
+  r = oracle::reference(in);
+  expect_nan(r, 0);
+  expect_nan(r, 1);
+
+  in = two_keys(1, 1);
+  in.kv[0] = nan;  // key 1 lies past seq_len: not attended
+  r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 2.0, 1e-15);
+  EXPECT_NEAR(r.lse[0], 0.0, 1e-15);
+
+  for (double scale : {nan, kInf, -kInf}) {
+    in = two_keys(2, 1);
+    in.bmm1_scale = scale;
+    expect_nan(oracle::reference(in), 0);
+    in = two_keys(2, 1);
+    in.bmm2_scale = scale;
+    expect_nan(oracle::reference(in), 0);
+    in = two_keys(0, 1);  // nothing attended: empty, whatever the scale
+    in.bmm1_scale = scale;
+    r = oracle::reference(in);
+    EXPECT_EQ(r.out[0], 0.0);
+    EXPECT_EQ(r.lse[0], -kInf);
+  }
+}
+
+// R = 0: the key is the value row alone.
+TEST(Oracle, NoRopePart) {
+  oracle::Input in;
+  in.batch = 1;
+  in.num_heads = 1;
+  in.kv_lora_rank = 2;
+  in.rope_dim = 0;
+  in.q_lens = {1};
+  in.query = {std::log(3.0), 0.0};
+  in.page_size = 2;
+  in.num_pages = 1;
+  in.kv = {1.0, 0.0, /* key 1: */ 0.0, 4.0};  // scores ln 3 and 0
+  in.max_pages = 1;
+  in.block_tables = {0};
+  in.seq_lens = {2};
+  oracle::Output r = oracle::reference(in);
+  EXPECT_NEAR(r.out[0], 0.75, 1e-15);
+  EXPECT_NEAR(r.out[1], 1.0, 1e-15);
+  EXPECT_NEAR(r.lse[0], std::log(4.0), 1e-15);
 }
 
 TEST(Oracle, LargeScoresStayFinite) {
@@ -225,6 +330,37 @@ TEST(Decoders, Fp8E4M3FN) {
   EXPECT_TRUE(std::signbit(oracle::fp8_e4m3fn_to_double(0x80)));
   EXPECT_TRUE(std::isnan(oracle::fp8_e4m3fn_to_double(0x7f)));
   EXPECT_TRUE(std::isnan(oracle::fp8_e4m3fn_to_double(0xff)));
+}
+
+// 656 bytes: 512 e4m3 values, 4 fp32 scales (little-endian), 64 bf16 rope values.
+TEST(Decoders, Fp8DsMla) {
+  std::vector<uint8_t> row(oracle::kFp8DsMlaRowBytes, 0);
+  const float scales[4] = {0.5f, 2.0f, -1.0f, 0.0f};
+  std::memcpy(&row[512], scales, sizeof(scales));
+  row[0] = 0x38;    // 1.0, group 0
+  row[127] = 0x3c;  // 1.5, group 0
+  row[128] = 0x38;  // 1.0, group 1
+  row[300] = 0x78;  // 256, group 2
+  row[511] = 0x38;  // group 3 (scale 0)
+  row[528] = 0x80;  // rope 0: bf16 0x3f80 = 1.0
+  row[529] = 0x3f;
+  row[654] = 0x00;  // rope 63: bf16 0xc000 = -2.0
+  row[655] = 0xc0;
+  std::vector<double> key(oracle::kFp8DsMlaValues);
+  oracle::fp8_ds_mla_to_double(row.data(), key.data());
+  EXPECT_EQ(key[0], 0.5);
+  EXPECT_EQ(key[127], 0.75);
+  EXPECT_EQ(key[128], 2.0);
+  EXPECT_EQ(key[300], -256.0);
+  EXPECT_EQ(key[511], 0.0);
+  EXPECT_EQ(key[1], 0.0);
+  EXPECT_EQ(key[512], 1.0);
+  EXPECT_EQ(key[513], 0.0);
+  EXPECT_EQ(key[575], -2.0);
+  std::memset(&row[520], 0xff, 4);  // scale 2: a NaN
+  oracle::fp8_ds_mla_to_double(row.data(), key.data());
+  EXPECT_TRUE(std::isnan(key[300]));
+  EXPECT_EQ(key[128], 2.0);
 }
 
 TEST(Decoders, Bf16AndFp16) {

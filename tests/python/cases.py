@@ -128,6 +128,29 @@ def make_case(
     )
 
 
+def fp8_ds_mla_cache(kv: np.ndarray) -> np.ndarray:
+    """[..., 576] float values -> [..., 656] uint8 fp8_ds_mla rows (docs/contract.md, section 1): each group
+    of 128 latent values quantized to float8_e4m3fn with scale = amax / 448 (as DeepSeek does),
+    the 4 float32 scales, then the 64 rope values in bfloat16. Rows holding NaN (never to be read)
+    become 0xff bytes: NaN values, NaN scales, NaN rope."""
+    import ml_dtypes
+
+    x = np.asarray(kv, dtype=np.float64)
+    lead = x.shape[:-1]
+    x = x.reshape(-1, 576)
+    bad = np.isnan(x).any(axis=1)
+    x = np.where(bad[:, None], 0.0, x)
+    groups = x[:, :512].reshape(-1, 4, 128)
+    scales = (np.maximum(np.abs(groups).max(axis=2), 1e-4) / 448.0).astype(np.float32)
+    latent = np.clip(groups / scales[:, :, None].astype(np.float64), -448.0, 448.0)
+    latent = latent.reshape(-1, 512).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    rope = x[:, 512:].astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    rows = np.concatenate(
+        [latent, scales.astype("<f4").view(np.uint8), rope.astype("<u2").view(np.uint8)], axis=1)
+    rows[bad] = 0xFF
+    return rows.reshape(lead + (656,))
+
+
 def random_mask(rng: np.random.Generator, num_tokens: int, max_q_len: int) -> np.ndarray:
     """[tokens, W] uint32 mask rows (W = ceil(max_q_len / 32)) with random bits."""
     words = max(1, -(-max_q_len // 32))

@@ -1,4 +1,4 @@
-"""Every rule family of SPEC.md section 5 through Python: the exception type (TypeError for dtypes,
+"""Every rule family of docs/contract.md section 5 through Python: the exception type (TypeError for dtypes,
 ValueError for everything else) and a message that starts with the argument's name.
 
 Each case starts from a valid call and breaks one thing. Device rules use fake_device.DeviceTensor
@@ -49,6 +49,11 @@ def strided_last_dim(a: np.ndarray) -> np.ndarray:
     return wide[..., ::2]
 
 
+def bf16(a: np.ndarray) -> np.ndarray:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return np.asarray(a).astype(ml_dtypes.bfloat16)
+
+
 def huge(shape: tuple, dtype: Any) -> np.ndarray:
     """A view of `shape` over a few bytes (zero strides except the last dim), never read."""
     base = np.zeros(shape[-1], dtype)
@@ -64,6 +69,10 @@ CASES = [
     ("rank kv_cache", ValueError, "kv_cache", lambda r, c: dict(kv_cache=c.kv_cache[0])),
     ("rank block_tables", ValueError, "block_tables",
      lambda r, c: dict(block_tables=c.block_tables[0])),
+    ("rank block_tables 4", ValueError, "block_tables",
+     lambda r, c: dict(block_tables=c.block_tables[:, None, None])),
+    ("block_tables K/V rows", ValueError, "block_tables",
+     lambda r, c: dict(block_tables=np.stack([c.block_tables] * 3, axis=1))),
     ("rank seq_lens", ValueError, "seq_lens", lambda r, c: dict(seq_lens=c.seq_lens[None])),
     # Shapes and sizes.
     ("query last dim", ValueError, "query", lambda r, c: dict(query=c.query[..., :-1].copy())),
@@ -78,6 +87,16 @@ CASES = [
      lambda r, c: dict(block_tables=c.block_tables[:1].copy())),
     ("kv_lora_rank", ValueError, "kv_lora_rank", lambda r, c: dict(kv_lora_rank=0)),
     ("qk_rope_head_dim", ValueError, "qk_rope_head_dim", lambda r, c: dict(qk_rope_head_dim=-16)),
+    # The fp8_ds_mla cache: uint8 [P, page_size, 656] with a bfloat16 query, L 512, R 64.
+    ("fp8_ds_mla query dtype", TypeError, "kv_cache",
+     lambda r, c: dict(kv_cache=np.zeros(c.kv_cache.shape[:-1] + (656,), np.uint8))),
+    ("fp8_ds_mla head dims", ValueError, "kv_cache",
+     lambda r, c: dict(query=bf16(c.query),
+                       kv_cache=np.zeros(c.kv_cache.shape[:-1] + (656,), np.uint8))),
+    ("fp8_ds_mla row bytes", ValueError, "kv_cache",
+     lambda r, c: dict(query=bf16(np.zeros(c.query.shape[:-1] + (576,))), kv_lora_rank=512,
+                       qk_rope_head_dim=64,
+                       kv_cache=np.zeros(c.kv_cache.shape[:-1] + (576,), np.uint8))),
     ("qk_nope_head_dim", ValueError, "qk_nope_head_dim", lambda r, c: dict(qk_nope_head_dim=0)),
     ("max_seq_len above capacity", ValueError, "max_seq_len", lambda r, c: dict(max_seq_len=10**6)),
     ("max_seq_len beyond int32", ValueError, "max_seq_len", lambda r, c: dict(max_seq_len=2**40)),
@@ -108,6 +127,10 @@ CASES = [
     ("stride out", ValueError, "out",
      lambda r, c: dict(out=strided_last_dim(np.zeros(c.query.shape[:-1] + (32,), np.float16)))),
     ("stride seq_lens", ValueError, "seq_lens", lambda r, c: dict(seq_lens=strided_last_dim(c.seq_lens))),
+    ("stride out zero", ValueError, "out",
+     lambda r, c: dict(out=huge(c.query.shape[:-1] + (32,), np.float16))),
+    ("stride lse zero", ValueError, "lse",
+     lambda r, c: dict(lse=huge(c.query.shape[:-1], np.float32))),
     # Sizes that overflow int32 index math.
     ("int32 kv slots", ValueError, "kv_cache",
      lambda r, c: dict(kv_cache=huge((2**20, 2**12, 48), np.float32))),
@@ -127,9 +150,8 @@ CASES = [
     # Sinks.
     ("sinks length", ValueError, "sinks", lambda r, c: dict(sinks=np.zeros(5, np.float32))),
     ("sinks rank", ValueError, "sinks", lambda r, c: dict(sinks=np.zeros((1, 4), np.float32))),
-    ("sinks dtype", TypeError, "sinks", lambda r, c: dict(sinks=np.zeros(4, np.float16))),
+    ("sinks dtype", TypeError, "sinks", lambda r, c: dict(sinks=np.zeros(4, np.float64))),
     # Scales and skip-softmax.
-    ("bmm1_scale not finite", ValueError, "bmm1_scale", lambda r, c: dict(bmm1_scale=float("nan"))),
     ("bmm1_scale elements", ValueError, "bmm1_scale",
      lambda r, c: dict(bmm1_scale=np.ones(2, np.float32))),
     ("bmm2_scale dtype", TypeError, "bmm2_scale", lambda r, c: dict(bmm2_scale=np.ones(1, np.float64))),
@@ -175,6 +197,8 @@ CASES = [
     # Index contents (the cpu backend always checks them).
     ("block_tables entry", ValueError, "block_tables",
      lambda r, c: dict(block_tables=np.full_like(c.block_tables, 10**6))),
+    ("block_tables K/V rows differ", ValueError, "block_tables",
+     lambda r, c: dict(block_tables=np.stack([c.block_tables, c.block_tables[::-1]], axis=1))),
     ("seq_lens negative", ValueError, "seq_lens", lambda r, c: dict(seq_lens=np.array([-1, 3], np.int32))),
     ("seq_lens above capacity", ValueError, "seq_lens",
      lambda r, c: dict(seq_lens=np.array([3, 10**5], np.int32))),
@@ -246,3 +270,64 @@ def test_jax_outputs_are_refused(rng):
     jnp = pytest.importorskip("jax.numpy")
     case = base_case(rng)
     expect_error(TypeError, "out", case, out=jnp.zeros(case.query.shape[:-1] + (32,), jnp.float16))
+
+
+# ---- out and lse apart from every input, the workspace and each other (docs/contract.md, 3) ----
+
+
+def overlapping(input_: np.ndarray, out_shape: tuple, out_dtype: Any) -> Tuple[np.ndarray, ...]:
+    """(a copy of `input_`, an out/lse view) in one buffer: the view starts at the copy's last 4
+    bytes, so the two overlap while both stay valid."""
+    out_bytes = int(np.prod(out_shape)) * np.dtype(out_dtype).itemsize
+    raw = np.zeros(input_.nbytes + out_bytes, np.uint8)
+    copy = raw[: input_.nbytes].view(input_.dtype).reshape(input_.shape)
+    copy[...] = input_
+    start = input_.nbytes - 4
+    view = raw[start : start + out_bytes].view(out_dtype).reshape(out_shape)
+    return copy, view
+
+
+@pytest.mark.parametrize("name", ["query", "kv_cache", "block_tables", "seq_lens", "sinks",
+                                  "mask", "bmm1_scale", "workspace"])
+@pytest.mark.parametrize("output", ["out", "lse"])
+def test_outputs_must_not_overlap_an_input(rng, name, output):
+    case = base_case(rng)
+    inputs = dict(sinks=np.zeros(4, np.float32), mask=np.full((2, 2, 1), 3, np.uint32),
+                  bmm1_scale=np.array([0.125], np.float32),
+                  workspace=np.zeros(mla_decode.workspace_size(*case.args(), **case.kwargs()),
+                                     np.uint8))
+    given = dict(zip(POSITIONAL, case.args()), **inputs)[name]
+    shape, dtype = ((case.query.shape[:-1] + (32,), np.float16) if output == "out"
+                    else (case.query.shape[:-1], np.float32))
+    copy, view = overlapping(given, shape, dtype)
+    before = copy.copy()
+    change = {name: copy, output: view}
+    if output == "lse":
+        change["return_lse"] = True
+    message = expect_error(ValueError, output, case, **change)
+    named = "bmm1_scale_tensor" if name == "bmm1_scale" else name  # the library's name for it
+    assert message.startswith(f"{output}: overlaps {named} (bytes [0x"), message
+    np.testing.assert_array_equal(copy, before)
+
+
+def test_out_and_lse_must_not_overlap(rng):
+    case = base_case(rng)
+    out = np.zeros(case.query.shape[:-1] + (32,), np.float16)
+    lse = out.view(np.float32)[..., 0]  # the first 4 bytes of each out row
+    message = expect_error(ValueError, "lse", case, out=out, lse=lse)
+    assert message.startswith("lse: overlaps out (bytes [0x")
+
+
+def test_adjacent_outputs_are_accepted(rng):
+    case = base_case(rng)
+    lead = case.query.shape[:-1]
+    raw = np.zeros(case.query.nbytes + int(np.prod(lead)) * (4 + 32 * 2), np.uint8)
+    query = raw[: case.query.nbytes].view(np.float32).reshape(case.query.shape)
+    query[...] = case.query
+    lse = raw[case.query.nbytes : case.query.nbytes + 4 * int(np.prod(lead))].view(np.float32)
+    out = raw[case.query.nbytes + lse.nbytes :].view(np.float16).reshape(lead + (32,))
+    mla_decode.batch_decode(query, *case.args()[1:], out=out, lse=lse.reshape(lead),
+                            **case.kwargs())
+    ref_out, ref_lse = case.reference()
+    np.testing.assert_allclose(out.astype(np.float64), ref_out, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(lse.reshape(lead), ref_lse, rtol=1e-5, atol=1e-4)
