@@ -13,6 +13,7 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/v0/split_kv_fp16_fp16.cu
     src/sm90/decode/v0/split_kv_fp8_fp8.cu
     src/sm90/decode/v0/split_kv_bf16_fp8.cu
+    src/sm90/decode/v0/split_kv_bf16_ds_mla.cu
     src/sm90/decode/v0/combine_bf16.cu
     src/sm90/decode/v0/combine_fp16.cu
     # v1/: what the TMA kernels share (tensor map, K pipeline, ptx helpers, tile rows).

@@ -26,6 +26,14 @@ namespace mla::sm90 {
 
 inline constexpr float kNegInf = -__builtin_huge_valf();
 
+// max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand): a NaN score
+// then reaches the row's max, sum and out instead of vanishing (contract section 1).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // The kernel's shared-memory plan at the first 1 KB boundary of its dynamic shared memory (only
 // 16-byte aligned; the launch adds 1 KB of slack).
 // NOTE: the plan is `raw` plus an offset, not a rounded generic address: derived from the
@@ -66,6 +74,30 @@ struct ElemTraits<Elem::kFp8E4M3> {
     return static_cast<float>(p[i]);
   }
 };
+// Value d of the key row starting at element `row`: element row + d for the plain formats.
+template <Elem E>
+__device__ __forceinline__ float load_key(const typename ElemTraits<E>::Storage* p, int64_t row,
+                                          int d) {
+  return ElemTraits<E>::load(p, row + d);
+}
+// fp8_ds_mla rows (bytes): values 0..511 are e4m3 bytes times scale d / 128 (fp32 at byte
+// 512 + 4 (d / 128)); values 512..575 are bf16 at byte 528 + 2 (d - 512).
+template <>
+struct ElemTraits<Elem::kFp8DsMla> {
+  using Storage = uint8_t;
+  static constexpr int kScaleOffset = 512, kRopeOffset = 528;
+};
+template <>
+__device__ __forceinline__ float load_key<Elem::kFp8DsMla>(const uint8_t* p, int64_t row, int d) {
+  const uint8_t* r = p + row;
+  if (d < 512) {
+    const float scale = *reinterpret_cast<const float*>(
+        r + ElemTraits<Elem::kFp8DsMla>::kScaleOffset + 4 * (d >> 7));
+    return static_cast<float>(*reinterpret_cast<const __nv_fp8_e4m3*>(r + d)) * scale;
+  }
+  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(
+      r + ElemTraits<Elem::kFp8DsMla>::kRopeOffset + 2 * (d - 512)));
+}
 
 // Programmatic dependent launch: wait for the grids this one depends on (a no-op when launched
 // without the attribute), and let the next grid start its prologue.

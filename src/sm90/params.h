@@ -7,7 +7,9 @@
 namespace mla::sm90 {
 
 // Element formats of the kernels' template parameters (one instantiation per supported set).
-enum class Elem : int { kBf16 = 0, kFp16 = 1, kFp8E4M3 = 2 };
+// kFp8DsMla: DeepSeek-V3.2's 656-byte cache row (512 e4m3 values, 4 fp32 scales, one per 128
+// values, 64 bf16 rope values), kv_cache only.
+enum class Elem : int { kBf16 = 0, kFp16 = 1, kFp8E4M3 = 2, kFp8DsMla = 3 };
 
 // Keys per online-softmax block, per skip-softmax decision and per split unit.
 inline constexpr int kBlockKeys = 64;
@@ -54,7 +56,7 @@ struct DecodeKernelParams {
   const int32_t* block_tables = nullptr;  // [B, max_pages] int32; dense mode
   const int32_t* seq_lens = nullptr;      // [B] int32
   const int32_t* cum_seq_lens_q = nullptr;  // [B + 1] int32; ragged queries, else null
-  const float* sinks = nullptr;             // [H] fp32, optional
+  const void* sinks = nullptr;              // [H] fp32, bf16 or fp16 (sinks_elem), optional
   const uint8_t* mask = nullptr;            // [B, q_len, W] / [T, W] uint32 words, optional
   const int32_t* sparse_indices = nullptr;  // [B, q_len, top_k] / [T, top_k] int32; sparse mode
   const int32_t* topk_lens = nullptr;       // [B] or [B, q_len] / [T] int32, optional
@@ -93,7 +95,8 @@ struct DecodeKernelParams {
   int32_t top_k = 0;       // > 0: sparse mode
   int32_t out_fp16 = 0;    // out dtype: 1 fp16, 0 bf16 (for the kernels that write out)
   int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
-  int32_t direct_out = 0;  // the few-rows kernel writes out and lse (one split); no combine
+  int32_t direct_out = 0;  // the decode kernel writes out and lse (one split); no combine
+  int32_t sinks_elem = 0;  // sinks dtype: 0 fp32, 1 bf16, 2 fp16
 
   // Element strides of the per-token tensors: element (b, t, h) at b * batch + t * token + h * head
   // with t = i (dense) or t = cum_seq_lens_q[b] + i (ragged; batch stride 0).
@@ -116,7 +119,7 @@ struct DecodeKernelParams {
 
 // What the checked mode inspects; the first bad entry lands in the workspace record.
 struct IndexCheckParams {
-  const int32_t* block_tables = nullptr;    // [B, max_pages]; dense mode
+  const int32_t* block_tables = nullptr;    // [B, max_pages] (row 0 of [B, 2, max_pages]); dense
   const int32_t* seq_lens = nullptr;        // [B]
   const int32_t* cum_seq_lens_q = nullptr;  // [B + 1], ragged only
   const int32_t* sparse_indices = nullptr;  // sparse mode
@@ -135,6 +138,9 @@ struct IndexCheckParams {
   int32_t mask_bits = 0;  // > 0: a dense custom mask of this many bits per row
   bool topk_lens_per_token = false;
   int64_t block_table_stride = 0;
+  // [B, 2, max_pages] tables: the element stride from row 0 to row 1 (0: [B, max_pages]); row 1
+  // must name the same pages as row 0 on every page a request needs.
+  int64_t block_table_kv_stride = 0;
   int64_t si_batch = 0, si_token = 0;
   int64_t tl_batch = 0, tl_token = 0;
 };
@@ -147,6 +153,8 @@ enum class IndexCheck : unsigned long long {
   kBlockTables = 2,
   kTopkLens = 3,
   kSparseIndices = 4,
+  kKvPageTables =
+      5,  // row 1 of [B, 2, max_pages] tables differs from row 0 (entry b * max_pages + i)
 };
 inline constexpr int kIndexCheckShift = 56;
 inline constexpr unsigned long long kNoBadIndex = ~0ull;

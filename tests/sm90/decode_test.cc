@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "common/decode_case.h"
+#include "common/fp8_ds_mla.h"
 #include "common/test_util.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
@@ -48,12 +50,12 @@ bool has_hopper() {
 // rounds a split's partial o to the out type (params.h); each adds at most its half ulp times
 // ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is not split, or on
 // v0, the allowance is only an upper bound.
-void check_sm90(const Built& b) {
+double sm90_p_rel(const Built& b) {
   const DataType p_dtype =
       b.c.kv_dtype == dt::kBFloat16 || b.c.kv_dtype == dt::kFloat16 ? b.c.kv_dtype : dt::kFloat32;
-  check_against_oracle(b,
-                       mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype));
+  return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
+void check_sm90(const Built& b) { check_against_oracle(b, sm90_p_rel(b)); }
 
 #define SKIP_WITHOUT_HOPPER()                                                      \
   do {                                                                             \
@@ -73,7 +75,9 @@ void cuda_check(cudaError_t err, const char* what) {
 // pointers, device and backend switched to cuda:0 / sm90.
 class DeviceCall {
  public:
-  explicit DeviceCall(Built& b) : params(b.params) {
+  // `kv_bytes`: the kv_cache's host bytes where they are not b.kv's (an fp8_ds_mla cache).
+  explicit DeviceCall(Built& b, const std::vector<uint8_t>* kv_bytes = nullptr)
+      : params(b.params), kv_bytes_(kv_bytes) {
     params.backend = mla::Backend::kSm90;
     for (auto& [view, host, bytes] : tensors(b)) {
       (void)host;
@@ -150,11 +154,12 @@ class DeviceCall {
   static size_t vec_bytes(const std::vector<T>& v) {
     return v.size() * sizeof(T);
   }
-  static std::vector<Host> tensors(Built& b) {
+  std::vector<Host> tensors(Built& b) const {
     using P = mla::DecodeParams;
     return {
         {&P::query, b.query.data(), b.query.bytes().size()},
-        {&P::kv_cache, b.kv.data(), b.kv.bytes().size()},
+        kv_bytes_ != nullptr ? Host{&P::kv_cache, kv_bytes_->data(), kv_bytes_->size()}
+                             : Host{&P::kv_cache, b.kv.data(), b.kv.bytes().size()},
         {&P::block_tables, b.block_tables.data(), vec_bytes(b.block_tables)},
         {&P::seq_lens, b.seq_lens.data(), vec_bytes(b.seq_lens)},
         {&P::cum_seq_lens_q, b.cum_seq_lens_q.data(), vec_bytes(b.cum_seq_lens_q)},
@@ -173,6 +178,7 @@ class DeviceCall {
     params.query.device = device;
   }
 
+  const std::vector<uint8_t>* kv_bytes_ = nullptr;
   std::vector<Device> device_;
   void* workspace_ = nullptr;
 };
@@ -317,6 +323,57 @@ std::vector<Case> dtype_cases() {
         cases.push_back(deepseek(c));
       }
     }
+  }
+  return cases;
+}
+
+// Calls of enough query rows that v0 runs one split and writes out and lse itself (no partials,
+// no combine): fp8 caches, sparse mode, pages below 16; with sinks, lse and ragged queries.
+std::vector<Case> one_split_cases() {
+  std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.seed = 4100 + cases.size();
+    cases.push_back(deepseek(c));
+    return &cases.back();
+  };
+  for (auto [q, kv] : {std::pair{kFp8, kFp8}, std::pair{kBf16, kFp8}}) {
+    Case c;
+    c.B = 40;
+    c.H = 64;
+    c.q_len = 2;
+    c.seq_lens.clear();
+    for (int r = 0; r < c.B; ++r) c.seq_lens.push_back(r % 7 == 0 ? r % 3 : 30 + 37 * r % 250);
+    c.q_dtype = q;
+    c.kv_dtype = kv;
+    c.sinks = true;
+    add(c);
+  }
+  {
+    Case c;  // pages of 8: v0 for every dtype
+    c.B = 36;
+    c.H = 128;
+    c.q_len = 1;
+    c.page_size = 8;
+    c.seq_lens.clear();
+    for (int r = 0; r < c.B; ++r) c.seq_lens.push_back(1 + 29 * r % 200);
+    c.out_dtype = kFp16;
+    add(c);
+  }
+  {
+    Case c;  // sparse, ragged, draft tokens near the start (the causal bound)
+    c.B = 30;
+    c.H = 64;
+    c.ragged_q_lens.clear();
+    c.seq_lens.clear();
+    for (int r = 0; r < c.B; ++r) {
+      c.ragged_q_lens.push_back(1 + r % 4);
+      c.seq_lens.push_back(1 + r % 4 + r % 5);
+    }
+    c.top_k = 8;
+    c.topk_lens = oracle::TopkLens::kPerToken;
+    c.q_dtype = kBf16;
+    c.kv_dtype = kFp8;
+    add(c);
   }
   return cases;
 }
@@ -1048,6 +1105,7 @@ INSTANTIATE_TEST_SUITE_P(Schedule, Sm90Decode, ::testing::ValuesIn(schedule_case
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(OneSplit, Sm90Decode, ::testing::ValuesIn(one_split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_name);
@@ -1337,3 +1395,287 @@ TEST(Sm90DecodeSkipSoftmax, LargeFactorStaysFinite) {
 }
 
 }  // namespace
+
+// ---- Workspace cap ----------------------------------------------------------------------------
+
+// workspace_size never exceeds 128 MiB (contract section 3, FlashInfer's documented buffer) for
+// the shapes engines run at large batch: the plan fits its splits into that. Only shapes are read:
+// the tensors are views of distinct, never-dereferenced device addresses.
+TEST(Sm90Workspace, NeverAbove128MiB) {
+  SKIP_WITHOUT_HOPPER();
+  const auto fake = [](int k) {
+    return reinterpret_cast<void*>(uintptr_t{1} << 40 | uintptr_t(k) << 36);
+  };
+  const mla::Device gpu = mla::cuda_device(0);
+  for (const int64_t B : {1, 64, 768, 1024, 2048}) {
+    for (const int64_t q_len : {1, 2, 4, 16}) {
+      for (const int64_t H : {16, 64, 128}) {
+        for (const DataType kv_dtype : {kBf16, kFp8}) {
+          const int64_t page = 64, max_pages = 8192 / page * 4, P = B * max_pages;
+          mla::DecodeParams p;
+          const DataType q_dtype = kv_dtype == kFp8 ? kBf16 : kBf16;
+          p.query = TensorView::contiguous(fake(1), q_dtype, {B, q_len, H, 576}, gpu);
+          p.kv_cache = TensorView::contiguous(fake(2), kv_dtype, {P, page, 576}, gpu);
+          p.block_tables = TensorView::contiguous(fake(3), dt::kInt32, {B, max_pages}, gpu);
+          p.seq_lens = TensorView::contiguous(fake(4), dt::kInt32, {B}, gpu);
+          p.out = TensorView::contiguous(fake(5), kBf16, {B, q_len, H, 512}, gpu);
+          p.lse = TensorView::contiguous(fake(6), dt::kFloat32, {B, q_len, H}, gpu);
+          p.backend = mla::Backend::kSm90;
+          const size_t bytes = mla::workspace_size(p);
+          EXPECT_LE(bytes, size_t{128} << 20) << "B " << B << " q_len " << q_len << " H " << H
+                                              << " kv " << mla_test::dtype_name(kv_dtype);
+        }
+      }
+    }
+  }
+}
+
+// ---- Non-finite inputs propagate to exactly the rows they touch (contract section 1) -----------
+
+// One shape per route: the few-rows kernel (H x q_len <= 32), the seesaw kernel on the balanced
+// schedule with tiles that span two tokens (H 32, q_len 3) and with a split request (partials and
+// the combine), its direct split (one request), and v0 (an fp8 cache). Request 0 has two or more
+// query tokens; its token 0 does not see the last key.
+struct NanRoute {
+  const char* name;
+  Case c;
+};
+std::vector<NanRoute> nan_routes() {
+  std::vector<NanRoute> routes;
+  auto add = [&](const char* name, int B, int H, int q_len, std::vector<int> seq_lens,
+                 DataType kv = kBf16) {
+    Case c;
+    c.B = B;
+    c.H = H;
+    c.q_len = q_len;
+    c.seq_lens = std::move(seq_lens);
+    c.page_size = 64;
+    c.q_dtype = kv == kFp8 ? kFp8 : kBf16;
+    c.kv_dtype = kv;
+    c.seed = 4300 + routes.size();
+    routes.push_back({name, deepseek(c)});
+  };
+  add("few_rows", 3, 16, 2, {150, 7, 0});
+  add("seesaw_tiles_span_tokens", 3, 32, 3, {150, 7, 0});
+  add("seesaw_split", 3, 128, 2, {9000, 70, 0});
+  add("seesaw_direct", 1, 64, 2, {3000});
+  add("v0_fp8", 3, 16, 2, {150, 7, 0}, kFp8);
+  return routes;
+}
+
+int64_t run_with_nan_rows_on_gpu(Built& b) {
+  fill_outputs(b, 12345.0);
+  DeviceCall call(b);
+  EXPECT_TRUE(run_on_gpu(call.params));
+  call.download(b);
+  return check_nan_rows_against_oracle(b, sm90_p_rel(b));
+}
+
+TEST(Sm90DecodeNaN, QueryRowKeyAndScale) {
+  SKIP_WITHOUT_HOPPER();
+  for (const NanRoute& route : nan_routes()) {
+    SCOPED_TRACE(route.name);
+    const Case& c = route.c;
+    const int n0 = c.q_len, last = c.seq_lens[0] - 1;
+    {
+      std::unique_ptr<Built> b = build(c);
+      poison_query(*b, 1, 2, 5);  // request 0, token 1, head 2
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), 1) << "NaN in one query row";
+    }
+    {
+      std::unique_ptr<Built> b = build(c);
+      // Head 3 of request 1's token 0 (of the last token with one request), in the rope part.
+      poison_query(*b, c.B > 1 ? n0 : b->T - 1, 3, 530, /*inf=*/c.q_dtype != kFp8);
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), 1) << "inf in a query row";
+    }
+    {
+      std::unique_ptr<Built> b = build(c);
+      poison_key(*b, 0, last, 7);  // only request 0's last token sees its last key
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), c.H) << "NaN in the last key";
+    }
+    {
+      std::unique_ptr<Built> b = build(c);
+      poison_key(*b, 0, 3, 40);  // an early key: every token of request 0
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), n0 * c.H) << "NaN in an early key";
+    }
+    if (c.B > 1) {
+      std::unique_ptr<Built> b = build(c);
+      // +inf in a value of request 1's last key (every token of request 1 that sees it).
+      poison_key(*b, 1, c.seq_lens[1] - 1, 0, /*inf=*/c.kv_dtype != kFp8);
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), c.H) << "inf in request 1's last key";
+    }
+    for (int which : {1, 2}) {
+      Case s = c;
+      s.scale_tensors = true;
+      std::unique_ptr<Built> b = build(s);
+      (which == 1 ? b->bmm1_value : b->bmm2_value) = std::numeric_limits<float>::quiet_NaN();
+      (which == 1 ? b->in.bmm1_scale : b->in.bmm2_scale) = std::nan("");
+      int64_t rows_with_keys = 0;
+      for (int r = 0; r < c.B; ++r) rows_with_keys += c.seq_lens[r] > 0 ? c.q_len * c.H : 0;
+      EXPECT_EQ(run_with_nan_rows_on_gpu(*b), rows_with_keys) << "NaN bmm" << which << "_scale";
+    }
+  }
+}
+
+TEST(Sm90DecodeNaN, KeysThatAreNotAttendedHaveNoEffect) {
+  SKIP_WITHOUT_HOPPER();
+  for (const NanRoute& route : nan_routes()) {
+    SCOPED_TRACE(route.name);
+    // A custom mask that hides request 0's last key (its last draft token) from every token.
+    Case c = route.c;
+    c.mask = Mask::kU32;
+    std::unique_ptr<Built> b = build(c);
+    const int n0 = c.q_len;
+    for (int i = 0; i < n0; ++i) {
+      const uint32_t keep = ((1u << n0) - 1) >> 1;  // every draft key but the last
+      b->mask[i * b->params.mask.strides[1]] = b->in.mask[i * b->in.mask_words] = keep;
+    }
+    poison_key(*b, 0, c.seq_lens[0] - 1, 0);
+    poison_key(*b, 0, c.seq_lens[0] - 1, 300, /*inf=*/c.kv_dtype != kFp8);
+    EXPECT_EQ(run_with_nan_rows_on_gpu(*b), 0) << "masked key";
+    // Causal: request 0's token 0 does not see the last key, which holds NaN in its value part.
+    c = route.c;
+    b = build(c);
+    poison_key(*b, 0, c.seq_lens[0] - 1, 100);
+    EXPECT_EQ(run_with_nan_rows_on_gpu(*b), c.H) << "causal: only the last token";
+  }
+}
+
+// ---- Sinks in bf16 and fp16 (contract section 3)
+// -------------------------------------------------
+
+TEST(Sm90DecodeSinks, SixteenBitSinksAreConverted) {
+  SKIP_WITHOUT_HOPPER();
+  for (const NanRoute& route : nan_routes()) {
+    for (DataType sinks_dtype : {kBf16, kFp16}) {
+      SCOPED_TRACE(std::string(route.name) + " " + mla_test::dtype_name(sinks_dtype));
+      Case c = route.c;
+      c.sinks = true;
+      std::unique_ptr<Built> b = build(c);
+      mla_test::Buffer sinks(sinks_dtype, c.H);
+      for (int h = 0; h < c.H; ++h) b->in.sinks[h] = sinks.set(h, b->sinks[h]);
+      std::vector<uint8_t> bytes = sinks.bytes();
+      // The device copy is made from b->sinks' storage: hand it the 16-bit bytes.
+      b->sinks.assign((bytes.size() + 3) / 4, 0.0f);
+      std::memcpy(b->sinks.data(), bytes.data(), bytes.size());
+      b->params.sinks = TensorView::contiguous(b->sinks.data(), sinks_dtype, {c.H});
+      DeviceCall call(*b);
+      ASSERT_TRUE(run_on_gpu(call.params));
+      call.download(*b);
+      check_sm90(*b);
+    }
+  }
+}
+
+// ---- Separate K/V page tables: [B, 2, max_pages] (contract section 3)
+// ----------------------------
+
+// The case's table as [B, 2, max_pages] (rows padded by `pad`); entries past the needed pages
+// differ between the rows and are invalid.
+std::vector<int32_t> kv_page_tables(const Built& b, int pad) {
+  const int64_t mp = b.max_pages, row = mp + pad, request = 2 * row + 2 * pad;
+  std::vector<int32_t> t(static_cast<size_t>(std::max<int64_t>(b.c.B * request, 1)), -3);
+  for (int r = 0; r < b.c.B; ++r) {
+    const int64_t needed = (std::max(b.c.seq_lens[r], 0) + b.c.page_size - 1) / b.c.page_size;
+    for (int64_t k = 0; k < mp; ++k) {
+      const int32_t page = b.block_tables[r * b.block_table_stride + k];
+      t[r * request + k] = page;
+      t[r * request + row + k] = k < needed ? page : -9;
+    }
+  }
+  return t;
+}
+
+TEST(Sm90DecodeTables, SeparateKvPageTablesGiveTheSameResult) {
+  SKIP_WITHOUT_HOPPER();
+  for (const NanRoute& route : nan_routes()) {
+    SCOPED_TRACE(route.name);
+    const int pad = 3;
+    std::unique_ptr<Built> b = build(route.c);
+    std::vector<int32_t> tables = kv_page_tables(*b, pad);
+    const int64_t row = b->max_pages + pad;
+    // The device copy is made from b->block_tables' storage.
+    b->block_tables = tables;
+    b->params.block_tables =
+        TensorView::strided(b->block_tables.data(), dt::kInt32, {route.c.B, 2, b->max_pages},
+                            {2 * row + 2 * pad, row, 1});
+    DeviceCall call(*b);
+    call.params.validate_indices = true;  // row 1 agrees with row 0 on every needed page
+    ASSERT_TRUE(run_on_gpu(call.params));
+    call.download(*b);
+    check_sm90(*b);
+  }
+}
+
+TEST(Sm90DecodeTables, CheckedModeReportsRowsThatDiffer) {
+  SKIP_WITHOUT_HOPPER();
+  std::unique_ptr<Built> b = build(index_case());
+  std::vector<int32_t> tables = kv_page_tables(*b, 0);
+  const int64_t mp = b->max_pages;
+  // Request 2 (seq_len 20, pages of 16) needs logical pages 0 and 1.
+  tables[2 * 2 * mp + mp + 1] = tables[2 * 2 * mp + 1] == 0 ? 1 : 0;
+  const int32_t v = tables[2 * 2 * mp + mp + 1], k = tables[2 * 2 * mp + 1];
+  b->block_tables = tables;
+  b->params.block_tables =
+      TensorView::contiguous(b->block_tables.data(), dt::kInt32, {b->c.B, 2, mp});
+  DeviceCall call(*b);
+  expect_bad_index(*b, call,
+                   "block_tables[2][1][1]: page id " + std::to_string(v) +
+                       " differs from block_tables[2][0][1] = " + std::to_string(k) +
+                       " (separate K/V page tables must name the same pages for MLA)");
+}
+
+// ---- The fp8_ds_mla cache (contract sections 1 and 3)
+// --------------------------------------------
+
+TEST(Sm90DecodeDsMla, DenseAndSparseMatchTheOracle) {
+  SKIP_WITHOUT_HOPPER();
+  std::vector<Case> cases;
+  {
+    Case c;  // dense, q_len 2, sinks and lse, 4-D cache
+    c.B = 3;
+    c.H = 16;
+    c.q_len = 2;
+    c.seq_lens = {700, 1, 0};
+    c.page_size = 64;
+    c.sinks = true;
+    c.kv4d = true;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // dense, 128 heads, padded strides, fp16 out
+    c.B = 2;
+    c.H = 128;
+    c.q_len = 1;
+    c.seq_lens = {333, 64};
+    c.page_size = 32;
+    c.strided = true;
+    c.out_dtype = kFp16;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // sparse, top_k 64, per-token lens, ragged
+    c.B = 3;
+    c.H = 64;
+    c.ragged_q_lens = {2, 1, 3};
+    c.seq_lens = {100, 40, 5};
+    c.page_size = 64;
+    c.top_k = 64;
+    c.topk_lens = oracle::TopkLens::kPerToken;
+    cases.push_back(c);
+  }
+  for (Case c : cases) {
+    c.q_dtype = kBf16;
+    c.kv_dtype = kBf16;
+    c.seed = 4400 + c.H;
+    c = deepseek(c);
+    SCOPED_TRACE(case_name(c));
+    std::unique_ptr<Built> b = build(c);
+    std::vector<uint8_t> cache;
+    mla_test::fp8_ds_mla::use_fp8_ds_mla(*b, cache);
+    DeviceCall call(*b, &cache);
+    ASSERT_TRUE(run_on_gpu(call.params));
+    call.download(*b);
+    check_against_oracle(*b, mla_test::p_rounding_rel(c.out_dtype));
+  }
+}

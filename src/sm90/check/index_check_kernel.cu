@@ -4,7 +4,8 @@
 //
 // Grid mapping: a grid-stride loop over the flattened entries of every check, in the cpu
 // backend's order: seq_lens [B], cum_seq_lens_q [B + 2 checks], block_tables [B, max_pages],
-// sparse_topk_lens, sparse_indices [T, top_k].
+// sparse_topk_lens, sparse_indices [T, top_k], and for [B, 2, max_pages] tables row 1 against
+// row 0 [B, max_pages].
 #include "sm90/common.cuh"
 #include "sm90/decode/v0/launch.h"
 
@@ -38,6 +39,18 @@ __device__ __forceinline__ void token_of(const IndexCheckParams& p, int t, int* 
   *i = t;
 }
 
+// Query tokens of request b and the position of global token t among them.
+__device__ __forceinline__ void token_place(const IndexCheckParams& p, int b, int t, int* n,
+                                            int* i) {
+  if (p.cum_seq_lens_q == nullptr) {
+    *n = p.q_len;
+    *i = t - b * p.q_len;
+    return;
+  }
+  *n = p.cum_seq_lens_q[b + 1] - p.cum_seq_lens_q[b];
+  *i = t - p.cum_seq_lens_q[b];
+}
+
 __global__ void index_check_kernel(const __grid_constant__ IndexCheckParams p) {
   pdl_wait();
   const int64_t num_seq = p.batch;
@@ -46,7 +59,8 @@ __global__ void index_check_kernel(const __grid_constant__ IndexCheckParams p) {
   const int64_t num_tl =
       p.topk_lens == nullptr ? 0 : (p.topk_lens_per_token ? p.num_tokens : p.batch);
   const int64_t num_si = p.top_k > 0 ? static_cast<int64_t>(p.num_tokens) * p.top_k : 0;
-  const int64_t total = num_seq + num_cum + num_bt + num_tl + num_si;
+  const int64_t num_kv = p.block_table_kv_stride != 0 ? num_bt : 0;
+  const int64_t total = num_seq + num_cum + num_bt + num_tl + num_si + num_kv;
 
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -107,10 +121,30 @@ __global__ void index_check_kernel(const __grid_constant__ IndexCheckParams p) {
             p.topk_lens[p.topk_lens_per_token ? b * p.tl_batch + i * p.tl_token : b * p.tl_batch];
         count = count < 0 ? 0 : (count > p.top_k ? p.top_k : count);
       }
+      // The causal bound: token i of n counts at most seq_len - n + i + 1 entries (a bad
+      // seq_lens or cum_seq_lens_q entry is reported on its own).
+      int n, i_local;
+      token_place(p, b, t, &n, &i_local);
+      const int64_t visible = static_cast<int64_t>(p.seq_lens[b]) - n + i_local + 1;
+      if (visible < count) count = visible;
       if (entry >= count) continue;
       const int32_t slot = p.sparse_indices[b * p.si_batch + i * p.si_token + entry];
       if (slot < -1 || slot >= static_cast<int64_t>(p.num_pages) * p.page_size) {
         report(p, IndexCheck::kSparseIndices, k);
+      }
+      continue;
+    }
+    k -= num_si;
+    if (k < num_kv) {
+      // Separate K/V page tables: row 1 names the same pages as row 0 wherever a page is read.
+      const int b = static_cast<int>(k / p.max_pages), page = static_cast<int>(k % p.max_pages);
+      if (!seq_len_ok(p, b)) continue;
+      const int64_t pages_needed =
+          (static_cast<int64_t>(p.seq_lens[b]) + p.page_size - 1) / p.page_size;
+      if (page >= pages_needed) continue;
+      const int32_t* row0 = p.block_tables + b * p.block_table_stride;
+      if (row0[p.block_table_kv_stride + page] != row0[page]) {
+        report(p, IndexCheck::kKvPageTables, k);
       }
     }
   }

@@ -28,14 +28,26 @@ __device__ __forceinline__ RowOutput row_output(float bmm2_scale, float sink, fl
   if (sink != kNegInf) denom += expf(sink - m);
   r.scale = __fdiv_rn(bmm2_scale, denom);
   r.lse = m + logf(z);
+  // A non-finite bmm2_scale turns the row NaN, out and lse alike (contract section 1).
+  if (!isfinite(bmm2_scale)) r.scale = r.lse = __int_as_float(0x7fffffff);
   return r;
 }
 
+// bmm1_scale, NaN where it is not finite: every attended score is then NaN and the rows that
+// attend a key turn NaN, while rows without a key stay empty (contract section 1).
+__device__ __forceinline__ float bmm1_scale_of(const DecodeKernelParams& p) {
+  const float s = p.bmm1_scale_ptr != nullptr ? *p.bmm1_scale_ptr : p.bmm1_scale;
+  return isfinite(s) ? s : __int_as_float(0x7fffffff);
+}
 __device__ __forceinline__ float bmm2_scale_of(const DecodeKernelParams& p) {
   return p.bmm2_scale_ptr != nullptr ? *p.bmm2_scale_ptr : p.bmm2_scale;
 }
 __device__ __forceinline__ float sink_of(const DecodeKernelParams& p, int h) {
-  return p.sinks != nullptr ? p.sinks[h * p.sinks_stride] : kNegInf;
+  if (p.sinks == nullptr) return kNegInf;
+  const int64_t i = h * p.sinks_stride;
+  if (p.sinks_elem == 1) return __bfloat162float(static_cast<const __nv_bfloat16*>(p.sinks)[i]);
+  if (p.sinks_elem == 2) return __half2float(static_cast<const __half*>(p.sinks)[i]);
+  return static_cast<const float*>(p.sinks)[i];
 }
 
 __device__ __forceinline__ RowOutput row_output(const DecodeKernelParams& p, int h, float m,

@@ -21,8 +21,8 @@
 // padded query rows) where H x max_q_len <= 32, v2 (seesaw, 64 query rows per CTA, one wave of
 // CTAs over the balanced schedule that plan() writes; for a call of one request, the direct split:
 // equal runs of the request's blocks, no schedule) otherwise;
-// everything else (sparse mode, fp8 kv_cache, page_size < 16, other strides) runs on v0.
-// MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
+// everything else (sparse mode, fp8 and fp8_ds_mla kv_cache, page_size < 16, other strides) runs on
+// v0. MLA_SM90_KERNEL=v0 or v2 forces that kernel (rows: the few-rows kernel where it applies) for
 // comparisons. All write the same partials, merged by v0's combine kernel, except where a row has
 // one split: v2 writes out and lse itself for a request of one segment (the combine skips its
 // tokens), and the few-rows kernel for a call of one split (no combine is launched).
@@ -227,7 +227,7 @@ bool v2_pair(const Problem& p) {
 // block per split (two for the few-rows kernel). Either way the count is then lowered to the fewest
 // splits that keep the same blocks per split for the longest request, so that no split of it is
 // left empty (an empty split still costs the combine a partial).
-int64_t split_count(const Problem& p) {
+int64_t split_count(const Problem& p, int64_t cap) {
   if (p.num_tokens == 0) return 1;
   const int64_t sms = sm_count(p.device.device_id);
   int64_t splits = 1, max_blocks = 1;
@@ -248,12 +248,16 @@ int64_t split_count(const Problem& p) {
     max_blocks = std::max<int64_t>(1, ceil_div(key_bound, ::mla::sm90::kBlockKeys));
   }
   if (max_splits_override() > 0) splits = std::min(splits, max_splits_override());
+  splits = std::max<int64_t>(1, std::min(splits, cap));
   return ceil_div(max_blocks, ceil_div(max_blocks, splits));
 }
 
-// Partial rows hold either layout: uniform [splits, T, H] (v0, few-rows kernel, and v0 where a v2
-// call's data addresses turn out unaligned) or the balanced schedule's segments (v2), whose rows
-// number at most T x H + (parts - 1) x max_q_len x H (each part boundary cuts one request once).
+// Partial rows hold either layout: uniform [splits, T, H] (v0, the few-rows kernel, v2's direct
+// split) or the balanced schedule's segments (v2). One split writes no partial row: the decode
+// kernel writes out and lse itself. On the schedule only requests of two or more segments have
+// partial rows (schedule.cu), and each such request spans at least one of the parts - 1 part
+// boundaries, which each cut one request: at most 2 (parts - 1) segments of at most max_q_len x H
+// rows, and never more than T x H + (parts - 1) x max_q_len x H.
 struct Layout {
   int64_t splits = 1;
   int64_t rows = 0;        // partial rows
@@ -265,16 +269,20 @@ struct Layout {
   int64_t bytes = 0;
 };
 
-Layout layout_of(const Problem& p) {
+// The layout with at most `cap` splits (parts of the balanced schedule).
+Layout layout_with(const Problem& p, int64_t cap) {
   Layout l;
   if (p.batch == 0) return l;
-  l.splits = split_count(p);
-  int64_t rows = l.splits * p.num_tokens * p.num_heads;
+  l.splits = split_count(p, cap);
   l.direct = p.num_tokens > 0 && v2_direct(p);
   l.scheduled = p.num_tokens > 0 && v2_shape_ok(p) && !l.direct;
+  int64_t rows = 0;
   if (l.scheduled) {
-    l.parts = schedule_parts(p);
-    rows = std::max(rows, (p.num_tokens + (l.parts - 1) * p.max_q_len) * p.num_heads);
+    l.parts = std::min(schedule_parts(p), cap);
+    const int64_t cut = l.parts - 1;
+    rows = std::min(p.num_tokens + cut * p.max_q_len, 2 * cut * p.max_q_len) * p.num_heads;
+  } else if (l.splits > 1) {
+    rows = l.splits * p.num_tokens * p.num_heads;
   }
   l.rows = rows;
   l.max_offset = kAlign;  // after the checked mode's record
@@ -288,6 +296,20 @@ Layout layout_of(const Problem& p) {
         l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::ScheduleToken));
     l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
     l.bytes = l.part_blocks_offset + kAlign;
+  }
+  return l;
+}
+
+// The contract caps the workspace at 128 MiB (FlashInfer's documented buffer): where the
+// preferred split's partials do not fit, the splits (parts) halve until they do. One split (one
+// part) writes no partial row, so the loop ends.
+constexpr int64_t kWorkspaceCap = int64_t{128} << 20;
+Layout layout_of(const Problem& p) {
+  int64_t cap = std::max<int64_t>(kMaxSplits, ::mla::sm90::kScheduleMaxParts);
+  Layout l = layout_with(p, cap);
+  while (l.bytes > kWorkspaceCap && cap > 1) {
+    cap /= 2;
+    l = layout_with(p, cap);
   }
   return l;
 }
@@ -370,8 +392,18 @@ std::string token_entry(const char* name, const Problem& p, int64_t t) {
     case IndexCheck::kBlockTables: {
       const int64_t b = k / p.max_pages, page = k % p.max_pages;
       const int64_t id = read_one<int32_t>(prm.block_tables.data, b * p.block_table_stride + page);
-      msg = "block_tables[" + str(b) + "][" + str(page) + "]: page id " + str(id) +
-            " out of range [0, " + str(p.num_pages) + ")";
+      msg = "block_tables[" + str(b) + (p.kv_page_tables ? "][0][" : "][") + str(page) +
+            "]: page id " + str(id) + " out of range [0, " + str(p.num_pages) + ")";
+      break;
+    }
+    case IndexCheck::kKvPageTables: {
+      const int64_t b = k / p.max_pages, page = k % p.max_pages;
+      const int64_t row0 = b * p.block_table_stride + page;
+      const int64_t id0 = read_one<int32_t>(prm.block_tables.data, row0);
+      const int64_t id1 = read_one<int32_t>(prm.block_tables.data, row0 + p.block_table_kv_stride);
+      msg = "block_tables[" + str(b) + "][1][" + str(page) + "]: page id " + str(id1) +
+            " differs from block_tables[" + str(b) + "][0][" + str(page) + "] = " + str(id0) +
+            " (separate K/V page tables must name the same pages for MLA)";
       break;
     }
     case IndexCheck::kTopkLens: {
@@ -428,6 +460,7 @@ void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace
   c.mask_bits = p.has_mask && !p.sparse ? static_cast<int32_t>(p.mask_words * 32) : 0;
   c.topk_lens_per_token = p.topk_lens_mode == TopkLensMode::kPerToken;
   c.block_table_stride = p.block_table_stride;
+  c.block_table_kv_stride = p.kv_page_tables ? p.block_table_kv_stride : 0;
   c.si_batch = p.sparse_indices.batch;
   c.si_token = p.sparse_indices.token;
   c.tl_batch = p.topk_lens.batch;
@@ -468,8 +501,9 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.seq_lens = static_cast<const int32_t*>(prm.seq_lens.data);
   if (p.ragged) k.cum_seq_lens_q = static_cast<const int32_t*>(prm.cum_seq_lens_q.data);
   if (p.has_sinks) {
-    k.sinks = static_cast<const float*>(prm.sinks.data);
+    k.sinks = prm.sinks.data;
     k.sinks_stride = prm.sinks.strides[0];
+    k.sinks_elem = p.sinks_dtype == dtype::kBFloat16 ? 1 : p.sinks_dtype == dtype::kFloat16 ? 2 : 0;
   }
   if (p.has_mask && !p.sparse) {
     const int64_t bytes = prm.mask.dtype.bits / 8;
@@ -555,12 +589,19 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
       }
       const int tiles = static_cast<int>(v1_tiles(p));
       const bool pair = v2_pair(p);  // the launch runs the direct split unpaired
+      // Rows of a 64-row tile that attend the draft keys unequally: a custom mask, or tiles that
+      // span two tokens.
+      const bool clean = p.has_mask || (p.max_q_len > 1 && p.num_heads % v1::kTileRows != 0);
       return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
-                                                               pair, stream, pdl)
+                                                               pair, clean, stream, pdl)
                               : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,
-                                                               pair, stream, pdl);
+                                                               pair, clean, stream, pdl);
     }
   }
+  // v0. A call laid out for the balanced schedule whose data addresses turned out unfit for TMA
+  // has no uniform partial rows: it runs as one split.
+  if (layout.scheduled) k.num_splits = 1;
+  k.direct_out = k.num_splits == 1 ? 1 : 0;  // one split: out and lse without a combine
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
     return v0::launch_split_kv<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
   }
@@ -572,6 +613,9 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
     return v0::launch_split_kv<Elem::kBf16, Elem::kFp8E4M3>(k, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
+    return v0::launch_split_kv<Elem::kBf16, Elem::kFp8DsMla>(k, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported, "backend sm90: no kernel for this (query, kv_cache) pair");
 }
@@ -654,9 +698,10 @@ void run(const Problem& p, const DecodeParams& prm) {
   if (p.num_tokens == 0) return;
 
   DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
-  MLA_CUDA_CHECK(launch_split_kv(p, layout, elem_of(p.q_dtype), elem_of(p.kv_dtype), k, workspace,
-                                 stream, prm.enable_pdl),
-                 "launching the split-KV decode kernel");
+  const Elem kv = p.kv_format == KvFormat::kFp8DsMla ? Elem::kFp8DsMla : elem_of(p.kv_dtype);
+  MLA_CUDA_CHECK(
+      launch_split_kv(p, layout, elem_of(p.q_dtype), kv, k, workspace, stream, prm.enable_pdl),
+      "launching the split-KV decode kernel");
   if (k.direct_out) return;  // the decode kernel wrote out and lse
   const int sms = sm_count(p.device.device_id);
   const cudaError_t err = p.out_dtype == dtype::kBFloat16

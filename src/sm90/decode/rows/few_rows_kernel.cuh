@@ -21,6 +21,8 @@
 
 #include <cute/tensor.hpp>
 
+#include <type_traits>
+
 #include "sm90/common.cuh"
 #include "sm90/decode/output.cuh"
 #include "sm90/decode/rows/traits.h"
@@ -139,7 +141,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     if (p.mask != nullptr) return w.seq_len;
     return max(0, first_query + r / p.num_heads + 1);
   };
-  int min_limit = INT32_MAX;
+  // The first key some row of the tile does not attend (with a mask: the first draft key). Blocks
+  // past it take the masked path in every thread, and their V rows from it on are cleaned
+  // (v1::clean_v_rows).
+  const int tile_limit = max(0, p.mask != nullptr ? first_query : first_query + 1);
+  int min_limit = tile_limit;
 #pragma unroll
   for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_col(s)));
   // The attended-set rule of slot s (v1::RowRule), built where a block needs masking.
@@ -157,7 +163,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     return rule;
   };
 
-  const float bmm1_scale = p.bmm1_scale_ptr != nullptr ? *p.bmm1_scale_ptr : p.bmm1_scale;
+  const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
   const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
   const float skip_threshold =
@@ -212,7 +218,13 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
         for (int v = 0; v < size(tSrS); ++v) {
           if (col_slot(v) != s) continue;
           const int j = key0 + get<0>(tScS(v));
-          const float x = rule.attends(j) ? tSrS(v) * score_scale : kNegInf;
+          // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
+          // turn (contract section 1; the key's V row may have been cleaned).
+          float x = kNegInf;
+          if (rule.attends(j)) {
+            x = tSrS(v) * score_scale;
+            if (x == kNegInf) x = __int_as_float(0x7fffffff);
+          }
           tSrS(v) = x;
           block_max[s] = fmaxf(block_max[s], x);
         }
@@ -285,16 +297,12 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
       // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
       // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
       const int valid = min(kKeys, w.extent - key0);
-      if (valid < kKeys) {
-        uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
-        constexpr int kVChunks = kL / Traits::kChunkCols;  // 8 chunks hold V
-        const int n = (kKeys - valid) * kVChunks * 8;      // 16-byte pieces
-        for (int e = wtid; e < n; e += 128) {
-          const int piece = e & 7, rest = e >> 3;
-          const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
-          *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
-              make_uint4(0, 0, 0, 0);
-        }
+      // From the first key some row of the tile does not attend (tile_limit).
+      const int clean0 = min(valid, max(0, tile_limit - key0));
+      if (clean0 < kKeys) {
+        v1::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
+                         clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid,
+                         128);
       }
       fence_proxy_async_smem();
       named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);

@@ -159,7 +159,9 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
       float z = 0.0f;
 #pragma unroll
       for (int j = 0; j < kSplitsPerLane; ++j) {
-        const float w = m_s[j] == kNegInf ? 0.0f : sum_s[j] * expf(m_s[j] - m);
+        // NOTE: a split without a finite score has sum 0 (no key: weight 0) or NaN (NaN scores:
+        // the row turns NaN, contract section 1), so sum * 0 is its weight.
+        const float w = m_s[j] == kNegInf ? sum_s[j] * 0.0f : sum_s[j] * expf(m_s[j] - m);
         z += w;
         if (lane + 32 * j < num_splits) weight[r][lane + 32 * j] = w;
       }
@@ -220,8 +222,9 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
-          // NOTE: bmm2_scale is in o already.
-          const RowOutput ro = row_output(1.0f, sink_of(p, h + r), row_max[r], row_z[r]);
+          // NOTE: bmm2_scale is in o already; a non-finite one still turns the row NaN.
+          const float bmm2_ok = isfinite(bmm2_scale_of(p)) ? 1.0f : __int_as_float(0x7fffffff);
+          const RowOutput ro = row_output(bmm2_ok, sink_of(p, h + r), row_max[r], row_z[r]);
           float4 v = acc[r];
           if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
           const int64_t o = out_offset(p, t, h + r) + c;

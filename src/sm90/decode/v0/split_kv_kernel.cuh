@@ -51,8 +51,10 @@ __device__ __forceinline__ TokenInfo resolve_token(const DecodeKernelParams& p, 
     if (p.topk_lens != nullptr) {
       // Per request: tl_token is 0. Per token: (b, i) dense, t ragged (batch stride 0).
       const int row = p.cum_seq_lens_q != nullptr ? tok.t : tok.i;
-      tok.extent = p.topk_lens[tok.b * p.tl_batch + row * p.tl_token];
+      tok.extent = min(tok.extent, p.topk_lens[tok.b * p.tl_batch + row * p.tl_token]);
     }
+    // The causal bound: token i counts at most the seq_len - n + i + 1 entries it can see.
+    tok.extent = max(0, min(tok.extent, tok.seq_len - tok.n + tok.i + 1));
   } else if (p.mask != nullptr) {
     tok.extent = tok.seq_len;
   } else {
@@ -113,7 +115,7 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
   pdl_launch_dependents();
 
   const TokenInfo tok = resolve_token(p, blockIdx.x);
-  const float bmm1_scale = p.bmm1_scale_ptr != nullptr ? *p.bmm1_scale_ptr : p.bmm1_scale;
+  const float bmm1_scale = bmm1_scale_of(p);
 
   // ---- this split's run of 64-key blocks ----
   const int num_blocks = (tok.extent + kKeys - 1) / kKeys;
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
     for (int e = tid; e < kKeys * kD; e += Traits::kThreads) {
       const int j = e / kD, d = e - j * kD;
       const long long row = smem.row_offset[j];
-      smem.k[j][d] = row >= 0 ? KT::load(kv, row + d) : 0.0f;
+      smem.k[j][d] = row >= 0 ? load_key<KV>(kv, row, d) : 0.0f;
     }
     __syncthreads();
 
@@ -176,7 +178,12 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
       }
       const bool attended = smem.row_offset[j] >= 0;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) smem.s[hq + 4 * u][j] = attended ? bmm1_scale * dot[u] : kNegInf;
+      for (int u = 0; u < 4; ++u) {
+        // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must turn
+        // (contract section 1).
+        const float s = bmm1_scale * dot[u];
+        smem.s[hq + 4 * u][j] = !attended ? kNegInf : s == kNegInf ? __int_as_float(0x7fffffff) : s;
+      }
     }
     __syncthreads();
 
@@ -187,9 +194,10 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
       const int h = 2 * warp + r;
       scores[r][0] = smem.s[h][lane];
       scores[r][1] = smem.s[h][lane + 32];
-      float m = fmaxf(scores[r][0], scores[r][1]);
+      // NaN-propagating: a NaN score makes the row NaN, never an empty row.
+      float m = fmax_nan(scores[r][0], scores[r][1]);
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      for (int o = 16; o > 0; o >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
       block_max[r] = m;
       if (skip_softmax && lane == 0) {
         // Dropped only when exp(block_max - running_max) < f / seq_len for every head row.
@@ -207,7 +215,7 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       const int h = 2 * warp + r;
       const float m_old = smem.row_max[h];
-      const float m_new = fmaxf(m_old, block_max[r]);
+      const float m_new = fmax_nan(m_old, block_max[r]);
       float p0 = 0.0f, p1 = 0.0f, rescale = 1.0f;
       if (m_new != kNegInf) {  // some key so far has a finite score
         p0 = expf(scores[r][0] - m_new);
@@ -255,6 +263,29 @@ __global__ void __launch_bounds__(SplitKvTraits::kThreads, 1)
     }
   }
   __syncthreads();
+
+  // ---- the call's only split (p.direct_out): out and lse, the combine's normalization ----
+  if (p.direct_out) {
+    if (tid < num_heads) {
+      const RowOutput r = row_output(p, head0 + tid, smem.row_max[tid], smem.row_sum[tid]);
+      if (p.lse != nullptr) p.lse[lse_offset(p, tok.t, head0 + tid)] = r.lse;
+      smem.rescale[tid] = r.scale;  // the row's out scale (0: no key)
+    }
+    __syncthreads();
+    auto* out = static_cast<uint16_t*>(p.out);
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      if (h < num_heads) {
+        const float f = smem.rescale[h];
+        const uint32_t word =
+            pack_out(p, f != 0.0f ? acc[h][0] * f : 0.0f, f != 0.0f ? acc[h][1] * f : 0.0f);
+        const int64_t o = out_offset(p, tok.t, head0 + h) + 2 * tid;
+        out[o] = static_cast<uint16_t>(word & 0xffffu);
+        out[o + 1] = static_cast<uint16_t>(word >> 16);
+      }
+    }
+    return;
+  }
 
   // ---- store the split's partials: max, sum and o = bmm2 acc / sum (params.h) ----
   const int64_t row0 = (static_cast<int64_t>(split) * p.num_tokens + tok.t) * p.num_heads + head0;

@@ -150,6 +150,36 @@ struct RowRule {
   }
 };
 
+// V rows [r_begin, keys) of a stage (v_chunks chunks of `keys` rows x 128 bytes) made safe for
+// P V: rows from `valid` on (keys past the extent: TMA loads whole boxes and skips pages past it,
+// so they may hold NaN from a poisoned cache or a stale stage) become 0; rows [r_begin, valid)
+// (draft keys, positions seq_len - n_b .. seq_len - 1, which some rows of a tile attend and others
+// do not) keep their finite values and lose their non-finite ones (exponent all ones: `exp_mask`,
+// 0x7f80 bf16, 0x7c00 fp16). P is 0 for a row that does not attend a key, and 0 times NaN is
+// NaN; a row that attends a non-finite key already holds a NaN score, which carries the NaN into
+// its sum, lse and out (contract section 1). Call once S is computed. Threads tid, tid + nthreads,
+// ... share the 16-byte pieces.
+__device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_chunks, int r_begin,
+                                             int valid, uint32_t exp_mask, int tid, int nthreads) {
+  const int n = (keys - r_begin) * v_chunks * 8;
+  for (int e = tid; e < n; e += nthreads) {
+    const int piece = e & 7, rest = e >> 3;
+    const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
+    uint4* at = reinterpret_cast<uint4*>(k_bytes + chunk * keys * 128 + r * 128 + piece * 16);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) {
+      v = *at;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if ((w[k] & exp_mask) == exp_mask) w[k] &= 0xffff0000u;
+        if (((w[k] >> 16) & exp_mask) == exp_mask) w[k] &= 0x0000ffffu;
+      }
+    }
+    *at = v;
+  }
+}
+
 // Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_per_chunk) {
   const int chunk = col >> 6, c = col & 63;

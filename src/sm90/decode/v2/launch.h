@@ -16,10 +16,13 @@ namespace mla::sm90::v2 {
 // and 2k + 1 of a request read the same blocks (their rows are of the same query tokens), so the
 // kernel may run them as a cluster of two sharing each block's loads (docs/sm90-v2.md, Pairs); it
 // does on the balanced schedule where the device holds the whole grid in such clusters at once.
+// `clean`: rows of a tile may attend the request's draft keys unequally (a custom mask, or tiles
+// that span two tokens); the kernel then keeps a non-finite draft key from reaching the rows that
+// do not attend it (seesaw_kernel.cuh, kClean), and runs unpaired.
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, bool direct_split, bool pair, cudaStream_t stream,
-                          bool pdl);
+                          int num_tiles, bool direct_split, bool pair, bool clean,
+                          cudaStream_t stream, bool pdl);
 
 // Which kernel the last launch_seesaw on the calling host thread ran (launch_record.cc). The sm90
 // tests read it: that the pair policy and the device's cluster capacity put a call where its

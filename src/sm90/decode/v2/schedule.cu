@@ -118,7 +118,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < n; ++i) listed += inside(token0 + i) ? 1 : 0;
     }
     if (blocks == 0) continue;
-    rows += segments * n * heads;
+    // NOTE: a request of one segment writes its out and lse directly: partial rows only for
+    // requests of two or more (the workspace bound in sm90.cc counts on it).
+    if (segments >= 2) rows += segments * n * heads;
     for (int k = start / per; k <= (start + blocks - 1) / per; ++k) atomicMin(&part_first[k], b);
     pos = start + blocks;
   }
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       ++list_pos;
     }
-    row += segments * request_rows;
+    if (segments >= 2) row += segments * request_rows;
     if (blocks > 0) pos = start + blocks;
   }
   __syncthreads();

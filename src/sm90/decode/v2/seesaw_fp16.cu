@@ -3,5 +3,5 @@
 
 namespace mla::sm90::v2 {
 template cudaError_t launch_seesaw<Elem::kFp16>(const DecodeKernelParams&, const CUtensorMap&, int,
-                                                bool, bool, cudaStream_t, bool);
+                                                bool, bool, bool, cudaStream_t, bool);
 }  // namespace mla::sm90::v2

@@ -88,7 +88,12 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
   smem.out_scale[r] = bmm2_scale_of(p);
 }
 
-template <Elem E, bool kDirect, bool kPair>
+// kClean: the tile's rows may attend the request's draft keys unequally (a custom mask, or tiles
+// that span two tokens: H not a multiple of 64 with q_len > 1). Their V rows then lose non-finite
+// values once S is computed, and an attended -inf score becomes NaN (v1::clean_v_rows): a NaN or
+// inf in a draft key reaches exactly the rows that attend it (contract section 1). Other calls
+// run without the extra code.
+template <Elem E, bool kDirect, bool kPair, bool kClean>
 __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -98,6 +103,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kDirect, v1::SplitCursor, v1::PartCursor>;
   static_assert(!(kDirect && kPair), "pairs run on the balanced schedule (docs/sm90-v2.md, Pairs)");
+  static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
 
@@ -180,7 +186,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   int my_row[2];
   my_row[0] = get<0>(tScS(0));
   my_row[1] = get<0>(tScS(2));
-  const float bmm1_scale = p.bmm1_scale_ptr != nullptr ? *p.bmm1_scale_ptr : p.bmm1_scale;
+  const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
   uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
@@ -250,8 +256,14 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and their
     // O, max and sum are never stored; counting them (limit 0) put every block of a warp with a
     // padding row on the masked path (H96: +30%, docs/perf-notes.md, Change 30).
+    // The first key some row of the tile does not attend (its first token's limit; with a mask,
+    // the first draft key) bounds it too: blocks past it take the masked path in every thread, and
+    // their V rows from it on are cleaned (v1::clean_v_rows).
+    const int tile_limit =
+        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
     const int unmasked_limit =
-        min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
+        min(kClean ? tile_limit : INT_MAX,
+            min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX));
 
     const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
     const float skip_threshold =
@@ -383,7 +395,13 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           for (int v = 0; v < size(tSrS); ++v) {
             const int slot = (v >> 1) & 1;
             const int j = key0 + get<1>(tScS(v));
-            const float s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+            // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
+            // turn (contract section 1; the key's V row may have been cleaned).
+            float s = kNegInf;
+            if (rule[slot].attends(j)) {
+              s = tSrS(v) * score_scale;
+              if (kClean && s == kNegInf) s = __int_as_float(0x7fffffff);
+            }
             tSrS(v) = s;
             block_max[slot] = fmaxf(block_max[slot], s);
           }
@@ -461,16 +479,12 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
           // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
           const int valid = min(kKeys, w.extent - key0);
-          if (valid < kKeys) {
-            uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
-            constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
-            const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
-            for (int e = wtid; e < n; e += 128) {
-              const int piece = e & 7, rest = e >> 3;
-              const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
-              *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
-                  make_uint4(0, 0, 0, 0);
-            }
+          // From the first key some row of the tile does not attend (tile_limit).
+          const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
+          if (clean0 < kKeys) {
+            v1::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                             Traits::kL / Traits::kChunkCols, clean0, valid,
+                             std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
           }
           if ((lane & 3) == 0) {
 #pragma unroll
@@ -480,10 +494,10 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
             }
           }
           fence_proxy_async_smem();
-          // This warpgroup's own P V reads the zeroed V rows of a partial block (P from
+          // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
           // registers): sync the warpgroup there. The hand-off orders every thread's stores before
           // the other consumer's reads.
-          if (valid < kKeys) {
+          if (clean0 < kKeys) {
             named_barrier_sync(
                 barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
           }
@@ -659,7 +673,7 @@ int pair_clusters_resident() {
   if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
   const int known = resident[device].load();
   if (known > 0) return known - 1;
-  auto* kernel = &seesaw_kernel<E, false, true>;
+  auto* kernel = &seesaw_kernel<E, false, true, false>;
   int count = 0;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          SeesawTraits<E>::kSmemBytes);
@@ -687,8 +701,8 @@ int pair_clusters_resident() {
 
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, bool direct_split, bool pair, cudaStream_t stream,
-                          bool pdl) {
+                          int num_tiles, bool direct_split, bool pair, bool clean,
+                          cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
@@ -696,10 +710,14 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   // clusters of two at once, as the schedule assumes (`pair` implies an even tile count).
   pair = pair && !direct_split &&
          static_cast<int64_t>(grid.x) * grid.y <= 2LL * pair_clusters_resident<E>();
+  pair = pair && !clean;
   note_seesaw_launch({direct_split, pair});
-  auto* kernel = direct_split
-                     ? &seesaw_kernel<E, true, false>
-                     : (pair ? &seesaw_kernel<E, false, true> : &seesaw_kernel<E, false, false>);
+  auto* kernel =
+      direct_split
+          ? (clean ? &seesaw_kernel<E, true, false, true> : &seesaw_kernel<E, true, false, false>)
+      : pair  ? &seesaw_kernel<E, false, true, false>
+      : clean ? &seesaw_kernel<E, false, false, true>
+              : &seesaw_kernel<E, false, false, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
