@@ -3,7 +3,7 @@
 Native API: :func:`batch_decode` (one call), :func:`plan` / :meth:`Plan.run` (plan once per decode
 step, run every layer), :func:`workspace_size` / :func:`make_workspace`. FlashInfer-compatible:
 :func:`trtllm_batch_decode_with_kv_cache_mla`. Tensors from PyTorch, NumPy, CuPy or JAX (DLPack);
-the contract is the project's SPEC.md.
+the contract is docs/contract.md.
 """
 
 from ._api import (

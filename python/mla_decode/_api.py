@@ -1,7 +1,8 @@
 """batch_decode, workspace_size, make_workspace, plan/run: the package's native API.
 
 Shapes use B (batch), q_len (query tokens per request), T (total query tokens of a ragged batch),
-H (heads), L = kv_lora_rank, R = qk_rope_head_dim, D = L + R, P (pages). The contract is SPEC.md.
+H (heads), L = kv_lora_rank, R = qk_rope_head_dim, D = L + R, P (pages). The contract is
+docs/contract.md.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ Tensor = Any  # any DLPack tensor: torch.Tensor, numpy.ndarray, cupy.ndarray, ja
 Scale = Union[float, Tensor]
 
 BACKENDS = ("auto", "sm90", "cpu")
-# FlashInfer's MLA decode backends for other GPU generations.
-BLACKWELL_BACKENDS = ("trtllm-gen", "xqa", "cute-dsl")
+# FlashInfer's MLA decode backends for other GPU generations (sm100/sm103: trtllm-gen, cute-dsl;
+# sm120/sm121: xqa, sparse).
+BLACKWELL_BACKENDS = ("trtllm-gen", "xqa", "cute-dsl", "sparse")
 
 
 def available_backends() -> List[str]:
@@ -144,6 +146,11 @@ class _Call:
         self.seq_lens = _tensor("seq_lens", seq_lens)
         self.cum_seq_lens_q = _tensor("cum_seq_lens_q", cum_seq_lens_q)
         self.sinks = _tensor("sinks", sinks)
+        if self.sinks is not None and _arrays.is_numpy_bfloat16(self.sinks):
+            raise TypeError(
+                "sinks: a NumPy bfloat16 (ml_dtypes) array cannot be passed through DLPack; pass "
+                "float32 or float16 sinks, or bfloat16 sinks from PyTorch or JAX"
+            )
         self.mask = _tensor("mask", mask)
         self.sparse_indices = _tensor("sparse_indices", sparse_indices)
         self.sparse_topk_lens = _tensor("sparse_topk_lens", sparse_topk_lens)
@@ -287,8 +294,15 @@ def batch_decode(
         kv_cache: ``[P, page_size, D]`` or ``[P, 1, page_size, D]``, one latent row per token
             (``c_kv`` then ``k_pe``); bfloat16, float16 or float8_e4m3fn (cpu: also float32). Dtype
             pairs (query, kv_cache): equal, or (bfloat16, float8_e4m3fn). page_size a power of two.
-        block_tables: ``[B, max_pages]`` int32, physical page of each logical page. None in
-            sparse mode.
+            Or DeepSeek-V3.2's ``fp8_ds_mla`` cache with a bfloat16 query: uint8
+            ``[P, page_size, 656]`` or ``[P, 1, page_size, 656]``, each token 512 float8_e4m3fn
+            values, 4 float32 scales (one per 128 values, multiplied in) and 64 bfloat16 rope
+            values (L 512, R 64). Pass the uint8 tensor itself, not a float8 view of it.
+        block_tables: ``[B, max_pages]`` int32, physical page of each logical page; or
+            ``[B, 2, max_pages]`` (TensorRT-LLM's separate K and V page tables): MLA reads keys and
+            values from the same latent row, so row 1 must equal row 0 on every page a request
+            reads (``validate_indices`` checks it; the cpu backend always does). None in sparse
+            mode.
         seq_lens: ``[B]`` int32, cached tokens per request, including its query tokens.
         workspace: ``[>= workspace_size(...)]`` uint8 on the query's device; reusable, no
             zero-filling needed. Default: allocated per call (pass one for CUDA graphs).
@@ -302,7 +316,8 @@ def batch_decode(
         max_seq_len: host upper bound of seq_lens. Default: the block tables' capacity.
         cum_seq_lens_q: ``[B + 1]`` int32 (0 first, T last, non-decreasing): ragged queries.
         max_q_len: host upper bound of the ragged query lengths. Default: T.
-        sinks: ``[H]`` float32 per-head sink logits (natural log, not scaled by bmm1_scale).
+        sinks: ``[H]`` float32, bfloat16 or float16 per-head sink logits (natural log, not scaled
+            by bmm1_scale); passed as given, never converted.
         mask: ``[B, q_len, W]`` / ``[T, W]`` uint32 packed little-endian bits, or uint16 with 2W
             (FlashInfer's layout); bit k of a token's row allows key ``seq_len - n + k``.
         sparse_indices: ``[B, q_len, top_k]`` / ``[T, top_k]`` int32 flat KV slots

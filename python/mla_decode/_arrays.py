@@ -88,8 +88,13 @@ def ffi_view(x: Any) -> Tuple[Any, int]:
 
 def _numpy_dtype(name: str) -> Any:
     if name == "bfloat16":
-        import ml_dtypes  # NumPy has no bfloat16; ml_dtypes (a JAX dependency) provides it
-
+        try:
+            import ml_dtypes  # NumPy has no bfloat16; ml_dtypes (a JAX dependency) provides it
+        except ImportError as e:
+            raise TypeError(
+                "out: a bfloat16 NumPy output needs the ml_dtypes package (pip install "
+                "ml_dtypes); or pass out= as a float16 array"
+            ) from e
         return ml_dtypes.bfloat16
     return np.dtype(name)
 
@@ -114,10 +119,8 @@ def empty(like: Any, shape_: Tuple[int, ...], dtype: str) -> Any:
     """An uninitialized tensor of `dtype` in `like`'s framework and on its device. JAX arrays are
     immutable: for them this allocates in NumPy (host) or PyTorch/CuPy (CUDA); as_framework()
     converts the result back."""
-    fw = framework(like)
+    fw = _allocating_framework(like)
     device_type, device_id = device(like)
-    if fw in ("jax", "other"):
-        fw = "numpy" if device_type in (DL_CPU, DL_CUDA_HOST) else _writable_cuda_framework(like)
     if fw == "torch":
         import torch
 
@@ -139,9 +142,74 @@ def empty(like: Any, shape_: Tuple[int, ...], dtype: str) -> Any:
     return np.empty(shape_, dtype=_numpy_dtype(dtype))
 
 
+def _allocating_framework(like: Any) -> str:
+    """The framework empty() allocates in for tensors like `like`."""
+    fw = framework(like)
+    if fw in ("jax", "other"):
+        host = device(like)[0] in (DL_CPU, DL_CUDA_HOST)
+        return "numpy" if host else _writable_cuda_framework(like)
+    return fw
+
+
+def bfloat16_or_float16(like: Any) -> str:
+    """bfloat16 where the allocating framework has it (PyTorch; NumPy through ml_dtypes), else
+    float16 (CuPy has no bfloat16)."""
+    return "float16" if _allocating_framework(like) == "cupy" else "bfloat16"
+
+
+def is_numpy_bfloat16(x: Any) -> bool:
+    """A NumPy array of ml_dtypes' bfloat16, which NumPy cannot export through DLPack."""
+    return framework(x) == "numpy" and dtype_name(x) == "bfloat16"
+
+
+def full_int32(like: Any, shape_: Tuple[int, ...], value: int) -> Any:
+    """An int32 tensor of `value` in `like`'s framework and on its device."""
+    x = empty(like, shape_, "int32")
+    if framework(x) == "torch":
+        x.fill_(value)
+    else:
+        x.fill(value)  # NumPy, CuPy
+    return x
+
+
+def reshaped(x: Any, shape_: Tuple[int, ...], name: str, *, view: bool) -> Any:
+    """`x` reshaped to `shape_`; with `view`, sharing x's memory (ValueError naming `name` when the
+    strides do not allow it), else possibly a copy (for inputs)."""
+    fw = framework(x)
+    if fw == "torch":
+        if not view:
+            return x.reshape(shape_)
+        try:
+            return x.view(shape_)
+        except RuntimeError as e:
+            raise ValueError(
+                f"{name}: expected a tensor viewable as {list(shape_)}, got shape "
+                f"{list(x.shape)} with strides {list(x.stride())}"
+            ) from e
+    if fw == "numpy":
+        if not view:
+            return np.reshape(x, shape_)
+        try:
+            try:
+                return np.reshape(x, shape_, copy=False)  # NumPy >= 2.1: raises, never copies
+            except TypeError:
+                result = x.view()
+                result.shape = shape_  # older NumPy: the same guarantee
+                return result
+        except (ValueError, AttributeError) as e:
+            raise ValueError(
+                f"{name}: expected an array viewable as {list(shape_)}, got shape "
+                f"{list(x.shape)} with strides {list(x.strides)}"
+            ) from e
+    if view and not getattr(getattr(x, "flags", None), "c_contiguous", False):
+        raise ValueError(f"{name}: expected a contiguous array viewable as {list(shape_)}")
+    return x.reshape(shape_)
+
+
 def default_out_dtype(query: Any) -> str:
-    """SPEC.md: the query's dtype when it is 16-bit, else bfloat16. NumPy and CuPy have no native
-    bfloat16, so float16 is their default for float32/float8 queries."""
+    """The contract (docs/contract.md, section 3): the query's dtype when it is 16-bit, else
+    bfloat16. NumPy and CuPy have no native bfloat16, so float16 is their default for float32/float8
+    queries."""
     name = dtype_name(query)
     if name in SIXTEEN_BIT_FLOATS:
         return name

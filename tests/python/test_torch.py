@@ -97,3 +97,66 @@ def test_flashinfer_call_with_torch(rng):
     ref_out, ref_lse = reference_of(case)
     close(out, ref_out, BF16_TOL)
     close(lse, ref_lse.reshape(4, -1), dict(rtol=1e-5, atol=1e-4))
+
+
+def test_flashinfer_default_out_is_bfloat16_for_a_float16_query(rng):
+    case = to_torch(make_case(rng, batch=2, q_len=2), "float16", "float16")
+    ws = torch.zeros(1 << 20, dtype=torch.int8)
+    out = mla_decode.trtllm_batch_decode_with_kv_cache_mla(
+        case.query, case.kv_cache, ws, 128, case.kv_lora_rank, case.qk_rope_head_dim,
+        case.block_tables, case.seq_lens, int(case.block_tables.shape[1] * 4),
+        bmm1_scale=case.extra["bmm1_scale"],
+    )
+    assert out.dtype == torch.bfloat16  # FlashInfer's; batch_decode keeps float16 (docs/contract.md)
+    assert mla_decode.batch_decode(*case.args(), **case.kwargs()).dtype == torch.float16
+    close(out, reference_of(case)[0], BF16_TOL)
+
+
+def test_flashinfer_lse_given_as_b_qlen_h_is_returned(rng):
+    case = to_torch(make_case(rng, batch=2, q_len=2), "bfloat16", "bfloat16")
+    lse = torch.full((2, 2, case.num_heads), float("nan"))
+    _, got = mla_decode.trtllm_batch_decode_with_kv_cache_mla(
+        case.query, case.kv_cache, torch.zeros(1 << 20, dtype=torch.int8), 128,
+        case.kv_lora_rank, case.qk_rope_head_dim, case.block_tables, case.seq_lens,
+        int(case.block_tables.shape[1] * 4), bmm1_scale=case.extra["bmm1_scale"], lse=lse,
+        return_lse=True,
+    )
+    assert got is lse
+    close(lse, reference_of(case)[1], dict(rtol=1e-5, atol=1e-4))
+
+
+@pytest.mark.parametrize("sinks_dtype", ["bfloat16", "float16"])
+def test_sixteen_bit_sinks_pass_through(rng, sinks_dtype):
+    """bfloat16/float16 sinks reach the library as they are. Needs the library's 16-bit sinks."""
+    case = to_torch(make_case(rng, batch=2, q_len=2), "bfloat16", "bfloat16")
+    sinks = torch.randn(case.num_heads).to(TORCH_DTYPES[sinks_dtype])
+    out = mla_decode.batch_decode(*case.args(), **case.kwargs(sinks=sinks))
+    close(out, reference_of(case, sinks=sinks.to(torch.float64).numpy())[0], BF16_TOL)
+
+
+def test_uint8_kv_cache_is_passed_as_uint8():
+    from mla_decode import _arrays
+
+    packed = torch.zeros(2, 4, 656, dtype=torch.uint8)
+    view, code = _arrays.ffi_view(packed)
+    assert view is packed and code == -1
+
+
+def test_fp8_ds_mla_cache_from_torch(rng):
+    """A uint8 [P, page_size, 656] cache with a bfloat16 query (dense mode). Needs the library's
+    fp8_ds_mla cache."""
+    case = make_case(rng, batch=2, q_len=1, heads=4, kv_lora_rank=512, rope_dim=64,
+                     seq_lens=[5, 11])
+    rows = torch.from_numpy(np.nan_to_num(case.kv_cache)).reshape(-1, 576)
+    scales = torch.full((rows.shape[0], 4), 0.25)
+    fp8 = (rows[:, :512] / 0.25).to(torch.float8_e4m3fn)
+    rope = rows[:, 512:].to(torch.bfloat16)
+    packed = torch.cat([fp8.view(torch.uint8), scales.view(torch.uint8), rope.view(torch.uint8)],
+                       dim=1).reshape(*case.kv_cache.shape[:-1], 656)
+    values = torch.cat([fp8.to(torch.float64) * 0.25, rope.to(torch.float64)], dim=1)
+    case.kv_cache = values.reshape(*case.kv_cache.shape).numpy()
+    query = torch.from_numpy(case.query).to(torch.bfloat16)
+    out = mla_decode.batch_decode(query, packed, torch.from_numpy(case.block_tables),
+                                  torch.from_numpy(case.seq_lens), **case.kwargs())
+    case.query = query.to(torch.float64).numpy()
+    close(out, case.reference()[0], BF16_TOL)
