@@ -1,14 +1,24 @@
 // mla-bench: runs one DeepSeek-V3-shaped MLA decode step on the best available backend, checks a
 // sample of it, and reports time, TFLOP/s and TB/s. Never asserts timing.
+//
+// Exit status: 0 done (the check passed); 1 the check found a mismatch, or the runtime failed (a
+// CUDA error, out of memory); 2 a usage error: a bad flag or value, or a combination of flags that
+// this machine or the chosen backend cannot run (the message names the flag or quotes the
+// library's).
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <new>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,6 +31,12 @@
 #endif
 
 namespace {
+
+// A bad command line, or flags this machine cannot run: printed, then exit status 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct Config {
   int64_t batch = -1;    // -1: backend default
@@ -36,99 +52,152 @@ struct Config {
   int warmup = 1;
   uint64_t seed = 1;
   bool json = false;
-  int64_t seq_sd = 0;     // > 0: seq lens drawn from N(seq_len, seq_sd), at least q_len ("varlen")
-  std::string suite;      // "goals": the Hopper goal table; empty: one configuration
-  std::string json_out;   // --json-out FILE: one JSON object per configuration
-  std::string times_out;  // --times-out FILE: every timed iteration, one line each
-  bool ceilings = false;  // measure device copy bandwidth and bf16 matmul rate first
-  bool pdl = false;       // enable_pdl: programmatic dependent launch between the kernels
+  int64_t seq_sd = 0;      // > 0: seq lens drawn from N(seq_len, seq_sd), at least q_len ("varlen")
+  std::string suite;       // "goals": the Hopper goal table; empty: one configuration
+  std::string json_out;    // --json-out FILE: one JSON object per configuration
+  std::string times_out;   // --times-out FILE: every timed iteration, one line each
+  bool ceilings = false;   // measure device copy bandwidth and bf16 matmul rate first
+  bool pdl = false;        // enable_pdl: programmatic dependent launch between the kernels
+  bool allow_cpu = false;  // let --suite goals run on the cpu backend
 };
+
+constexpr uint64_t kInt32Max = 2147483647;
+constexpr uint64_t kMaxIters = 1000000;
+constexpr uint64_t kMaxPageSize = uint64_t{1} << 30;  // the largest power of two in int32
 
 void usage() {
   std::puts(
       "usage: mla-bench [options]\n"
-      "  --batch N        requests in the batch (default: 128 on sm90, 4 on cpu)\n"
-      "  --seq-len N      cached tokens per request, query tokens included (default: 8192 on\n"
-      "                   sm90, 1024 on cpu)\n"
-      "  --heads N        query heads (default 128)\n"
-      "  --q-len N        query tokens per request (default 1)\n"
-      "  --page-size N    tokens per KV page (default 64)\n"
+      "  --batch N        requests in the batch, 0..2147483647 (default: 128 on sm90, 4 on cpu;\n"
+      "                   0 is a no-op call: validated, nothing written)\n"
+      "  --seq-len N      cached tokens per request, query tokens included, 0..2147483647\n"
+      "                   (default: 8192 on sm90, 1024 on cpu)\n"
+      "  --heads N        query heads, 1..2147483647 (default 128; sm90: 1..128)\n"
+      "  --q-len N        query tokens per request, 0..2147483647 (default 1; 0 is a no-op call;\n"
+      "                   sm90: up to 16)\n"
+      "  --page-size N    tokens per KV page, a power of two 1..1073741824 (default 64; sm90:\n"
+      "                   up to 256)\n"
       "  --dtype T        bf16 | fp16 | fp8 | bf16-fp8 (query bf16, cache fp8) | fp32 (cpu only)\n"
       "  --backend B      auto | sm90 | cpu (default auto: the best available)\n"
-      "  --iters N        timed iterations (default: 100 on sm90, 5 on cpu)\n"
-      "  --warmup N       untimed iterations first (default 1)\n"
-      "  --seed N         input seed (default 1)\n"
+      "  --iters N        timed iterations, 1..1000000 (default: 100 on sm90, 5 on cpu)\n"
+      "  --warmup N       untimed iterations first, 0..1000000 (default 1; sm90 runs at least 1)\n"
+      "  --seed N         input seed, 0..18446744073709551615 (default 1)\n"
       "  --seq-sd N       varlen: seq lens drawn from a normal distribution with mean --seq-len\n"
-      "                   and this standard deviation, at least q_len (default 0: fixed)\n"
+      "                   and this standard deviation, at least q_len, 0..2147483647 (default 0:\n"
+      "                   fixed)\n"
       "  --suite goals    run the Hopper goal table (10 configurations) and print a summary\n"
+      "                   (on the cpu backend only with --allow-cpu)\n"
+      "  --allow-cpu      let --suite goals run on the cpu backend (GPU-sized shapes:\n"
+      "                   minutes to hours)\n"
       "  --ceilings       measure the device copy bandwidth and bf16 matmul rate first (GPU)\n"
       "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "  --times-out FILE also write every timed iteration to FILE (configuration index, us)\n"
-      "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).");
+      "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).\n"
+      "Progress goes to stderr, one line as each configuration starts and one as it finishes.\n"
+      "Exit status: 0 done; 1 the check found a mismatch, or a runtime failure (CUDA, memory);\n"
+      "2 a bad flag or value, or flags this machine or backend cannot run (the message says why).");
 }
 
+// All of `text` as a decimal integer (digits only: no sign, no spaces) that fits in 64 bits.
+bool parse_decimal(const std::string& text, uint64_t& n) {
+  n = 0;
+  for (const char ch : text) {
+    if (ch < '0' || ch > '9') return false;
+    const uint64_t d = static_cast<uint64_t>(ch - '0');
+    if (n > (UINT64_MAX - d) / 10) return false;
+    n = n * 10 + d;
+  }
+  return !text.empty();
+}
+
+// `text` as an integer in [lo, hi]; otherwise a UsageError naming the flag, what it takes and the
+// text.
+uint64_t parse_uint(const std::string& flag, const std::string& text, uint64_t lo, uint64_t hi) {
+  uint64_t n = 0;
+  if (!parse_decimal(text, n) || n < lo || n > hi) {
+    throw UsageError(flag + ": expected an integer from " + std::to_string(lo) + " to " +
+                     std::to_string(hi) + ", got '" + text + "'");
+  }
+  return n;
+}
+
+std::string one_of(const std::string& flag, const std::string& text,
+                   const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), text) != allowed.end()) return text;
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+  }
+  throw UsageError(flag + ": expected " + list + ", got '" + text + "'");
+}
+
+// Fills `c` from the command line; false for --help (printed). Throws UsageError.
 bool parse_args(int argc, char** argv, Config& c) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "mla-bench: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + ": needs a value (see --help)");
       return argv[++i];
     };
-    auto integer = [&]() -> int64_t {
-      const char* v = value();
-      char* end = nullptr;
-      const long long n = std::strtoll(v, &end, 10);
-      if (*v == '\0' || *end != '\0') {
-        std::fprintf(stderr, "mla-bench: %s expects an integer, got '%s'\n", a.c_str(), v);
-        std::exit(2);
+    auto count = [&](uint64_t lo, uint64_t hi) { return parse_uint(a, value(), lo, hi); };
+    auto file = [&]() {
+      const std::string v = value();
+      if (v.empty() || v.rfind("--", 0) == 0) {
+        throw UsageError(a + ": expected a file name, got '" + v + "'");
       }
-      return n;
+      return v;
     };
-    if (a == "--batch")
-      c.batch = integer();
-    else if (a == "--seq-len")
-      c.seq_len = integer();
-    else if (a == "--heads")
-      c.heads = integer();
-    else if (a == "--q-len")
-      c.q_len = integer();
-    else if (a == "--page-size")
-      c.page_size = integer();
-    else if (a == "--dtype")
-      c.dtype = value();
-    else if (a == "--backend")
-      c.backend = value();
-    else if (a == "--iters")
-      c.iters = static_cast<int>(integer());
-    else if (a == "--warmup")
-      c.warmup = static_cast<int>(integer());
-    else if (a == "--seed")
-      c.seed = static_cast<uint64_t>(integer());
-    else if (a == "--json")
+    if (a == "--batch") {
+      c.batch = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--seq-len") {
+      c.seq_len = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--heads") {
+      c.heads = static_cast<int64_t>(count(1, kInt32Max));
+    } else if (a == "--q-len") {
+      c.q_len = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--page-size") {
+      const std::string v = value();
+      uint64_t n = 0;
+      if (!parse_decimal(v, n) || n < 1 || n > kMaxPageSize || (n & (n - 1)) != 0) {
+        throw UsageError(a + ": expected a power of two from 1 to " + std::to_string(kMaxPageSize) +
+                         ", got '" + v + "'");
+      }
+      c.page_size = static_cast<int64_t>(n);
+    } else if (a == "--dtype") {
+      c.dtype = one_of(a, value(), {"bf16", "fp16", "fp8", "bf16-fp8", "fp32"});
+    } else if (a == "--backend") {
+      c.backend = one_of(a, value(), {"auto", "sm90", "cpu"});
+    } else if (a == "--iters") {
+      c.iters = static_cast<int>(count(1, kMaxIters));
+    } else if (a == "--warmup") {
+      c.warmup = static_cast<int>(count(0, kMaxIters));
+    } else if (a == "--seed") {
+      c.seed = count(0, UINT64_MAX);
+    } else if (a == "--json") {
       c.json = true;
-    else if (a == "--seq-sd")
-      c.seq_sd = integer();
-    else if (a == "--suite")
-      c.suite = value();
-    else if (a == "--json-out")
-      c.json_out = value();
-    else if (a == "--times-out")
-      c.times_out = value();
-    else if (a == "--ceilings")
+    } else if (a == "--seq-sd") {
+      c.seq_sd = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--suite") {
+      c.suite = one_of(a, value(), {"goals"});
+    } else if (a == "--allow-cpu") {
+      c.allow_cpu = true;
+    } else if (a == "--json-out") {
+      c.json_out = file();
+    } else if (a == "--times-out") {
+      c.times_out = file();
+    } else if (a == "--ceilings") {
       c.ceilings = true;
-    else if (a == "--pdl")
+    } else if (a == "--pdl") {
       c.pdl = true;
-    else if (a == "--help" || a == "-h") {
+    } else if (a == "--help" || a == "-h") {
       usage();
-      std::exit(0);
-    } else {
-      std::fprintf(stderr, "mla-bench: unknown option '%s' (see --help)\n", a.c_str());
       return false;
+    } else if (a.rfind("-", 0) == 0) {
+      throw UsageError("unknown option '" + a + "' (see --help)");
+    } else {
+      throw UsageError("unexpected argument '" + a + "' (options start with --; see --help)");
     }
   }
   return true;
@@ -145,6 +214,72 @@ struct Step {
 };
 
 size_t dtype_bytes(mla::DataType t) { return t.bits / 8; }
+
+// The query, cache and output dtypes of --dtype (already one of the accepted names).
+void resolve_dtypes(const std::string& name, Step& s) {
+  if (name == "bf16") {
+    s.q_dtype = s.kv_dtype = mla::dtype::kBFloat16;
+  } else if (name == "fp16") {
+    s.q_dtype = s.kv_dtype = mla::dtype::kFloat16;
+  } else if (name == "fp8") {
+    s.q_dtype = s.kv_dtype = mla::dtype::kFloat8E4M3;
+  } else if (name == "fp32") {
+    s.q_dtype = s.kv_dtype = mla::dtype::kFloat32;
+  } else if (name == "bf16-fp8") {
+    s.q_dtype = mla::dtype::kBFloat16;
+    s.kv_dtype = mla::dtype::kFloat8E4M3;
+  } else {
+    throw UsageError("--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got '" + name + "'");
+  }
+  s.out_dtype = s.q_dtype == mla::dtype::kFloat16 ? mla::dtype::kFloat16 : mla::dtype::kBFloat16;
+}
+
+// Memory this process may still take: MemAvailable, else the physical memory, else unbounded.
+double available_host_bytes() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof(line), f) != nullptr) {
+      found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    }
+    std::fclose(f);
+    if (found) return 1024.0 * static_cast<double>(kib);
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : HUGE_VAL;
+}
+
+std::string gib(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / (1u << 30));
+  return buf;
+}
+
+// Bytes of one step's buffers (query, cache, output, lse, block tables, seq lens), in doubles so
+// that no flag combination overflows. `cache_pages`: pages of the cache; `max_pages`: per request.
+double step_bytes(const Config& c, const Step& s, double cache_pages, double max_pages) {
+  const double D = c.kv_lora_rank + c.rope_dim;
+  const double rows =
+      static_cast<double>(c.batch) * static_cast<double>(c.q_len) * static_cast<double>(c.heads);
+  return rows * (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype) + 4.0) +
+         cache_pages * static_cast<double>(c.page_size) * D * dtype_bytes(s.kv_dtype) +
+         static_cast<double>(c.batch) * (max_pages + 1.0) * 4.0;
+}
+
+// Refuses (UsageError) a step whose host buffers do not fit in the memory available here.
+void check_host_memory(const Config& c, const Step& s, double cache_pages, double max_pages) {
+  const double need = step_bytes(c, s, cache_pages, max_pages);
+  const double have = available_host_bytes();
+  if (need > have) {
+    throw UsageError(
+        "batch " + std::to_string(c.batch) + ", seq_len " + std::to_string(c.seq_len) +
+        (c.seq_sd > 0 ? " (varlen)" : "") + ", heads " + std::to_string(c.heads) + ", q_len " +
+        std::to_string(c.q_len) + ", page " + std::to_string(c.page_size) + ", dtype " + c.dtype +
+        ": the inputs and outputs need " + gib(need) + " of host memory, " + gib(have) +
+        " is available here; lower --batch, --seq-len, --heads or --q-len");
+  }
+}
 
 // xorshift64*: fast enough to fill gigabytes of inputs in seconds.
 struct FastRng {
@@ -182,24 +317,14 @@ void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, FastRng& 
 }
 
 void build_step(const Config& c, Step& s) {
-  if (c.dtype == "bf16")
-    s.q_dtype = s.kv_dtype = mla::dtype::kBFloat16;
-  else if (c.dtype == "fp16")
-    s.q_dtype = s.kv_dtype = mla::dtype::kFloat16;
-  else if (c.dtype == "fp8")
-    s.q_dtype = s.kv_dtype = mla::dtype::kFloat8E4M3;
-  else if (c.dtype == "fp32")
-    s.q_dtype = s.kv_dtype = mla::dtype::kFloat32;
-  else if (c.dtype == "bf16-fp8") {
-    s.q_dtype = mla::dtype::kBFloat16;
-    s.kv_dtype = mla::dtype::kFloat8E4M3;
-  } else {
-    throw mla::Error(mla::ErrorCode::kTypeError,
-                     "--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got '" + c.dtype + "'");
-  }
-  s.out_dtype = s.q_dtype == mla::dtype::kFloat16 ? mla::dtype::kFloat16 : mla::dtype::kBFloat16;
-
+  resolve_dtypes(c.dtype, s);
   const int64_t D = c.kv_lora_rank + c.rope_dim;
+  // Before anything is allocated: the expected size (a varlen draw is checked again below).
+  const double pages_per_request =
+      std::ceil(static_cast<double>(c.seq_len) / static_cast<double>(c.page_size));
+  check_host_memory(c, s, std::max(1.0, static_cast<double>(c.batch) * pages_per_request),
+                    pages_per_request);
+
   std::mt19937_64 rng(c.seed);
   s.seq_lens.assign(static_cast<size_t>(c.batch), static_cast<int32_t>(c.seq_len));
   if (c.seq_sd > 0) {
@@ -218,6 +343,9 @@ void build_step(const Config& c, Step& s) {
   int64_t needed = 0;
   for (int32_t len : s.seq_lens) needed += (len + c.page_size - 1) / c.page_size;
   s.num_pages = std::max<int64_t>(needed, 1);
+  if (c.seq_sd > 0) {
+    check_host_memory(c, s, static_cast<double>(s.num_pages), static_cast<double>(s.max_pages));
+  }
   FastRng fast(c.seed);
   fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), fast);
   fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), fast);
@@ -270,11 +398,12 @@ struct CheckResult {
 };
 
 // With `bitwise` false (a GPU run against the cpu backend: another summation order), a value
-// passes within 2^-7 relative + 1e-3 absolute.
+// passes within 2^-7 relative + 1e-3 absolute. A no-op step (no query tokens) has nothing to check.
 CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   using mla::detail::cpu::bf16_to_float;
   using mla::detail::cpu::fp16_to_float;
   CheckResult r;
+  if (c.batch == 0 || c.q_len == 0) return r;
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   const size_t q_row_bytes = static_cast<size_t>(c.q_len * c.heads * D) * dtype_bytes(s.q_dtype);
   const size_t out_elems = static_cast<size_t>(c.q_len * c.heads * c.kv_lora_rank);
@@ -370,6 +499,21 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
     t.data = to_device(host, bytes, owned);
     t.device = dev;
   };
+  // Refuse (exit 2) a step that cannot fit, rather than fail in the middle of the copies.
+  const size_t flush_bytes = size_t{256} << 20;
+  const double need = static_cast<double>(
+      s.query.size() + s.kv.size() + s.out.size() +
+      4 * (s.block_tables.size() + s.seq_lens.size() + s.lse.size()) + flush_bytes);
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (need > static_cast<double>(free_bytes)) {
+    throw UsageError("batch " + std::to_string(c.batch) + ", seq_len " + std::to_string(c.seq_len) +
+                     ", heads " + std::to_string(c.heads) + ", q_len " + std::to_string(c.q_len) +
+                     ": the step needs " + gib(need) +
+                     " of GPU memory (inputs, outputs and the 256 MB L2 flush buffer), " +
+                     gib(static_cast<double>(free_bytes)) +
+                     " is free on this GPU; lower --batch, --seq-len, --heads or --q-len");
+  }
   move(p.query, s.query.data(), s.query.size());
   move(p.kv_cache, s.kv.data(), s.kv.size());
   move(p.block_tables, s.block_tables.data(), s.block_tables.size() * 4);
@@ -382,7 +526,6 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   const size_t ws_bytes = mla::workspace_size(p);
   p.workspace = mla::TensorView::contiguous(to_device(nullptr, ws_bytes, owned), mla::dtype::kUInt8,
                                             {static_cast<int64_t>(ws_bytes)}, dev);
-  const size_t flush_bytes = size_t{256} << 20;
   void* flush = to_device(nullptr, flush_bytes, owned);
 
   cudaStream_t stream;
@@ -401,7 +544,7 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   cuda_ok(cudaEventCreate(&start), "event");
   cuda_ok(cudaEventCreate(&stop), "event");
   std::vector<double> times_us;
-  for (int i = 0; i < std::max(1, c.iters); ++i) {
+  for (int i = 0; i < c.iters; ++i) {
     cuda_ok(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
     cuda_ok(cudaEventRecord(start, stream), "record");
     cuda_ok(cudaGraphLaunch(exec, stream), "replay");
@@ -496,28 +639,52 @@ struct Result {
   Config config;  // with the defaults resolved
   const char* backend = "cpu";
   std::string note;
+  bool no_op = false;  // no query tokens (batch or q_len 0): arguments validated, nothing written
   int64_t mean_seq_len = 0, max_seq_len = 0;
   double median_us = 0, min_us = 0, p90_us = 0, tflops = 0, tbps = 0;
   std::vector<double> times_us;  // every timed iteration, in order
   CheckResult check;
 };
 
-Result measure(Config c) {
-  const mla::Backend requested = mla::parse_backend(c.backend);
+// Whether `c` runs on the sm90 backend. Refuses (UsageError) --backend sm90 where it cannot run,
+// and --dtype fp32 on the GPU.
+bool runs_on_gpu(const Config& c) {
 #ifdef MLA_BENCH_WITH_CUDA
-  const bool gpu = requested != mla::Backend::kCpu && hopper_present();
+  const bool gpu = c.backend != "cpu" && hopper_present();
+  const char* why = "no compute capability 9.0 GPU is visible here";
 #else
   const bool gpu = false;
+  const char* why = "this mla-bench was built without CUDA (MLA_ENABLE_CUDA=OFF)";
 #endif
-  if (requested == mla::Backend::kSm90 && !gpu) {
-    throw mla::Error(mla::ErrorCode::kUnsupported,
-                     "--backend: sm90 needs a CUDA build and a compute capability 9.0 GPU; none "
-                     "is available here");
+  if (c.backend == "sm90" && !gpu) {
+    throw UsageError(std::string("--backend sm90: ") + why + "; use --backend auto or cpu");
   }
+  if (gpu && c.dtype == "fp32") {
+    throw UsageError(
+        "--dtype fp32: the sm90 backend takes bf16, fp16, fp8 or bf16-fp8; fp32 runs on the cpu "
+        "backend (--backend cpu)");
+  }
+  return gpu;
+}
+
+// "sm90: batch 128, q_len 1, seq_len 8192, heads 128, page 64, bf16, 100 iterations"
+std::string describe(const Config& c, const char* backend) {
+  return std::string(backend) + ": batch " + std::to_string(c.batch) + ", q_len " +
+         std::to_string(c.q_len) + ", seq_len " + std::to_string(c.seq_len) +
+         (c.seq_sd > 0 ? " (varlen, sd " + std::to_string(c.seq_sd) + ")" : "") + ", heads " +
+         std::to_string(c.heads) + ", page " + std::to_string(c.page_size) + ", " + c.dtype + ", " +
+         std::to_string(c.iters) + " iterations";
+}
+
+// Runs one configuration; `tag` ("[3/10] " in a suite) prefixes its progress lines on stderr.
+Result measure(Config c, bool gpu, const std::string& tag) {
   Result r;
   const bool on_cpu = !gpu;
   if (on_cpu) {
-    r.note = "no Hopper GPU here: running on the cpu reference backend at a small size";
+    if (c.backend != "cpu") {
+      r.note = std::string("no Hopper GPU here: running on the cpu reference backend") +
+               (c.batch < 0 || c.seq_len < 0 ? " at a small size" : "");
+    }
     if (c.batch < 0) c.batch = 4;
     if (c.seq_len < 0) c.seq_len = 1024;
     if (c.iters < 0) c.iters = 5;
@@ -526,6 +693,15 @@ Result measure(Config c) {
     if (c.seq_len < 0) c.seq_len = 8192;
     if (c.iters < 0) c.iters = 100;
   }
+  r.backend = on_cpu ? "cpu" : "sm90";
+  r.no_op = c.batch == 0 || c.q_len == 0;
+  if (r.no_op) {
+    r.note += std::string(r.note.empty() ? "" : "; ") +
+              "a no-op call: " + (c.batch == 0 ? "batch 0" : "q_len 0") +
+              " has no query tokens, so the library validates its arguments and writes nothing";
+  }
+  std::fprintf(stderr, "mla-bench: %s%s: started\n", tag.c_str(), describe(c, r.backend).c_str());
+  const auto started = std::chrono::steady_clock::now();
 
   Step s;
   Config host = c;
@@ -534,7 +710,7 @@ Result measure(Config c) {
   std::vector<double> times_us;
   if (on_cpu) {
     for (int i = 0; i < c.warmup; ++i) mla::decode(s.params);
-    for (int i = 0; i < std::max(1, c.iters); ++i) {
+    for (int i = 0; i < c.iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       mla::decode(s.params);
       const auto t1 = std::chrono::steady_clock::now();
@@ -548,7 +724,7 @@ Result measure(Config c) {
   r.check = check_sample(c, s, on_cpu);
 
   // Work and traffic: every attended (row, key) pair costs 2*D + 2*L FLOPs; each KV row is read
-  // once, the query once, the output written once.
+  // once, the query once, the output written once. A no-op reads and writes nothing.
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   double pairs = 0, kv_rows = 0;
   for (int32_t len : s.seq_lens) {
@@ -558,37 +734,46 @@ Result measure(Config c) {
   }
   r.mean_seq_len = c.batch > 0 ? static_cast<int64_t>(kv_rows / c.batch) : 0;
   const double flops = pairs * c.heads * (2.0 * D + 2.0 * c.kv_lora_rank);
-  const double bytes = kv_rows * D * dtype_bytes(s.kv_dtype) +
-                       static_cast<double>(c.batch * c.q_len * c.heads) *
-                           (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype));
+  const double bytes =
+      r.no_op ? 0.0
+              : kv_rows * D * dtype_bytes(s.kv_dtype) +
+                    static_cast<double>(c.batch * c.q_len * c.heads) *
+                        (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype));
   r.median_us = median(times_us);
   r.min_us = *std::min_element(times_us.begin(), times_us.end());
   r.p90_us = percentile(times_us, 0.9);
   r.tflops = flops / (r.median_us * 1e-6) / 1e12;
   r.tbps = bytes / (r.median_us * 1e-6) / 1e12;
-  r.backend = on_cpu ? "cpu" : "sm90";
   r.config = c;
   r.times_us = std::move(times_us);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::fprintf(stderr, "mla-bench: %sfinished in %.1f s: median %.1f us, check %s\n", tag.c_str(),
+               took, r.median_us,
+               r.check.requests == 0 ? "none (no-op)"
+               : r.check.ok          ? "ok"
+                                     : "MISMATCH");
   return r;
 }
 
 std::string to_json(const Result& r) {
   const Config& c = r.config;
-  char buf[1024];
+  char buf[1280];
   std::snprintf(
       buf, sizeof(buf),
       "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"seq_sd\": %lld, "
       "\"mean_seq_len\": %lld, \"max_seq_len\": %lld, \"heads\": %lld, \"q_len\": %lld, "
       "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
-      "\"iters\": %d, \"median_us\": %.3f, \"min_us\": %.3f, \"p90_us\": %.3f, \"tflops\": %.6f, "
-      "\"tbps\": %.6f, "
+      "\"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, \"min_us\": %.3f, \"p90_us\": %.3f, "
+      "\"tflops\": %.6f, \"tbps\": %.6f, "
       "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"passed\": %s}, \"note\": \"%s\"}",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
       static_cast<long long>(c.seq_sd), static_cast<long long>(r.mean_seq_len),
       static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
-      c.rope_dim, c.dtype.c_str(), c.iters, r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps,
-      r.check.requests, r.check.max_abs_diff, r.check.ok ? "true" : "false", r.note.c_str());
+      c.rope_dim, c.dtype.c_str(), c.iters, r.no_op ? "true" : "false", r.median_us, r.min_us,
+      r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff,
+      r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
 
@@ -606,10 +791,14 @@ void print_text(const Result& r) {
                    : "",
       static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
       static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str());
-  std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
-              r.check.requests,
-              r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
-              r.check.max_abs_diff);
+  if (r.no_op) {
+    std::printf("check:  none (a no-op call writes nothing)\n");
+  } else {
+    std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
+                r.check.requests,
+                r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
+                r.check.max_abs_diff);
+  }
   std::printf(
       "time:   median %.1f us, min %.1f us, 90th percentile %.1f us over %d iterations (%s)\n",
       r.median_us, r.min_us, r.p90_us, c.iters,
@@ -639,35 +828,42 @@ std::vector<Config> goal_suite(const Config& base) {
   return out;
 }
 
+FILE* open_for_writing(const std::string& flag, const std::string& path) {
+  if (path.empty()) return nullptr;
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    throw UsageError(flag + ": cannot open '" + path + "' for writing: " + std::strerror(errno));
+  }
+  return f;
+}
+
 int run(const Config& c) {
-  FILE* json_file = nullptr;
-  if (!c.json_out.empty()) {
-    json_file = std::fopen(c.json_out.c_str(), "w");
-    if (json_file == nullptr) {
-      throw mla::Error(mla::ErrorCode::kInvalidArgument,
-                       "--json-out: cannot open '" + c.json_out + "' for writing");
-    }
+  // Everything that can be refused is refused before any file is written or any work starts.
+  const bool gpu = runs_on_gpu(c);
+  if (c.suite == "goals" && !gpu && !c.allow_cpu) {
+    throw UsageError(std::string("--suite goals: the table would run on the cpu backend (") +
+                     (c.backend == "cpu" ? "--backend cpu" : "no Hopper GPU here") +
+                     "), and its shapes are GPU-sized (up to batch 128 x seq_len 8192 x 128 heads, "
+                     "and seq_len 65536), which take minutes to hours there; pass --allow-cpu to "
+                     "run it on the cpu anyway");
   }
-  FILE* times_file = nullptr;
-  if (!c.times_out.empty()) {
-    times_file = std::fopen(c.times_out.c_str(), "w");
-    if (times_file == nullptr) {
-      if (json_file != nullptr) std::fclose(json_file);
-      throw mla::Error(mla::ErrorCode::kInvalidArgument,
-                       "--times-out: cannot open '" + c.times_out + "' for writing");
-    }
-  }
+  FILE* json_file = open_for_writing("--json-out", c.json_out);
+  FILE* times_file = open_for_writing("--times-out", c.times_out);
   Ceilings ceilings;
-  if (c.ceilings || c.suite == "goals") ceilings = measure_ceilings();
-  if (!c.suite.empty() && c.suite != "goals") {
-    throw mla::Error(mla::ErrorCode::kInvalidArgument,
-                     "--suite: expected 'goals', got '" + c.suite + "'");
+  if (gpu && (c.ceilings || c.suite == "goals")) {
+    std::fprintf(stderr, "mla-bench: measuring the device copy bandwidth and bf16 matmul rate\n");
+    ceilings = measure_ceilings();
+  } else if (c.ceilings) {
+    std::fprintf(stderr, "mla-bench: --ceilings: not on a Hopper GPU, nothing measured\n");
   }
   const std::vector<Config> configs = c.suite.empty() ? std::vector<Config>{c} : goal_suite(c);
   std::vector<Result> results;
   bool ok = true;
   for (const Config& config : configs) {
-    results.push_back(measure(config));
+    const std::string tag = configs.size() == 1 ? ""
+                                                : "[" + std::to_string(results.size() + 1) + "/" +
+                                                      std::to_string(configs.size()) + "] ";
+    results.push_back(measure(config, gpu, tag));
     const Result& r = results.back();
     ok = ok && r.check.ok;
     if (json_file != nullptr) std::fprintf(json_file, "%s\n", to_json(r).c_str());
@@ -690,6 +886,9 @@ int run(const Config& c) {
         ceilings.copy_tbps, ceilings.matmul_tflops);
   }
   if (!c.suite.empty() && !c.json) {
+    if (!results.empty() && !results.front().note.empty()) {
+      std::printf("note: %s\n", results.front().note.c_str());
+    }
     std::printf("| batch | q_len | seq_len | heads | median us | TFLOP/s | TB/s | check |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const Result& r : results) {
@@ -710,12 +909,25 @@ int run(const Config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Config c;
-  if (!parse_args(argc, argv, c)) return 2;
   try {
+    Config c;
+    if (!parse_args(argc, argv, c)) return 0;  // --help
     return run(c);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "mla-bench: %s\n", e.what());
+    return 2;
   } catch (const mla::Error& e) {
+    // The library rejects only what the flags asked for (e.g. --heads 200 on sm90): a usage error,
+    // unless the runtime itself failed.
     std::fprintf(stderr, "mla-bench: error (%s): %s\n", mla::error_code_name(e.code()), e.what());
+    return e.code() == mla::ErrorCode::kRuntimeError ? 1 : 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "mla-bench: error: out of host memory (lower --batch, --seq-len, --heads or "
+                 "--q-len)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mla-bench: error: %s\n", e.what());
     return 1;
   }
 }

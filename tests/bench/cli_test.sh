@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# mla-bench's command line: every bad flag or value exits with status 2 and a message naming the
+# flag, the value and what is allowed (never a signal or an uncaught exception), and B = 0 runs
+# as a no-op. Everything runs on the cpu backend (or is refused before any work), so no GPU is
+# needed. Usage: cli_test.sh path/to/mla-bench
+set -u
+bench=${1:?usage: cli_test.sh path/to/mla-bench}
+bench=$(cd "$(dirname "$bench")" && pwd)/$(basename "$bench")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"  # whatever a run writes by mistake lands here
+failures=0
+runs=0
+
+# expect STATUS TEXT... -- ARGS...: runs mla-bench ARGS; passes when the exit status is STATUS and
+# the output (stdout and stderr) contains every TEXT (fixed strings).
+expect() {
+  local want=$1 got=0 text missing=""
+  shift
+  local texts=()
+  while [ "$1" != "--" ]; do
+    texts+=("$1")
+    shift
+  done
+  shift
+  runs=$((runs + 1))
+  timeout 120 "$bench" "$@" >"$tmp/out" 2>&1 || got=$?
+  for text in "${texts[@]}"; do
+    grep -qF -- "$text" "$tmp/out" || missing+=" [$text]"
+  done
+  if grep -q "terminate called" "$tmp/out"; then missing+=" (an uncaught exception)"; fi
+  if [ "$got" != "$want" ] || [ -n "$missing" ]; then
+    failures=$((failures + 1))
+    echo "FAIL: mla-bench$(printf ' %q' "$@"): status $got, expected $want; missing:$missing"
+    sed 's/^/  | /' "$tmp/out"
+  else
+    echo "ok:   mla-bench$(printf ' %q' "$@"): status $got"
+  fi
+}
+
+int32="an integer from 0 to 2147483647"
+
+# Numbers: the whole string, in range, or the flag is refused.
+expect 2 "mla-bench: --page-size: expected a power of two from 1 to 1073741824, got '0'" -- \
+  --page-size 0
+expect 2 "--page-size: expected a power of two from 1 to 1073741824, got '48'" -- --page-size 48
+expect 2 "--heads: expected an integer from 1 to 2147483647, got '-1'" -- --heads -1
+expect 2 "--heads: expected an integer from 1 to 2147483647, got '0'" -- --heads 0
+expect 2 "--batch: expected $int32, got '99999999999'" -- --batch 99999999999
+expect 2 "--batch: expected $int32, got '-5'" -- --batch -5
+expect 2 "--batch: expected $int32, got '4x'" -- --batch 4x
+expect 2 "--batch: expected $int32, got ' 4'" -- --batch " 4"
+expect 2 "--batch: expected $int32, got '+4'" -- --batch +4
+expect 2 "--batch: expected $int32, got ''" -- --batch ""
+expect 2 "--seq-len: expected $int32, got '-3'" -- --seq-len -3
+expect 2 "--q-len: expected $int32, got '1.5'" -- --q-len 1.5
+expect 2 "--seq-sd: expected $int32, got '-2'" -- --seq-sd -2
+expect 2 "--iters: expected an integer from 1 to 1000000, got '0'" -- --iters 0
+expect 2 "--warmup: expected an integer from 0 to 1000000, got '-1'" -- --warmup -1
+expect 2 "--seed: expected an integer from 0 to 18446744073709551615, got '18446744073709551616'" \
+  -- --seed 18446744073709551616
+expect 2 "--batch: needs a value" -- --backend cpu --batch
+
+# Names, files and the command line itself.
+expect 2 "--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got 'fp64'" -- --dtype fp64
+expect 2 "--backend: expected auto, sm90 or cpu, got 'gpu'" -- --backend gpu
+expect 2 "--suite: expected goals, got 'all'" -- --suite all
+expect 2 "unknown option '--bogus'" -- --bogus
+expect 2 "unexpected argument 'foo'" -- foo
+expect 2 "--json-out: cannot open '$tmp/missing/x.json' for writing" -- \
+  --backend cpu --json-out "$tmp/missing/x.json"
+expect 2 "--times-out: expected a file name, got '--json'" -- --times-out --json
+
+# Flags this machine or backend cannot run: refused before any work, still status 2.
+expect 2 "--suite goals: the table would run on the cpu backend" "--allow-cpu" -- \
+  --suite goals --backend cpu
+expect 2 "of host memory" "lower --batch" -- --backend cpu --batch 2147483647 --seq-len 2147483647
+# Without a Hopper GPU (or CUDA) the sm90 backend is refused; with one, the library refuses 200
+# heads. Either way: status 2 and a message about sm90.
+expect 2 "sm90" -- --backend sm90 --heads 200 --batch 1 --seq-len 64 --iters 1
+
+# Runs: B = 0 is a no-op, reported as such; a small run checks and reports its iterations, with
+# progress on stderr.
+expect 0 "a no-op call: batch 0" "check:  none" -- --backend cpu --batch 0 --iters 1
+expect 0 '"no_op": true' '"requests": 0' -- --backend cpu --batch 0 --iters 2 --json
+expect 0 "bitwise equal" "over 2 iterations" "started" "finished in" -- \
+  --backend cpu --batch 3 --seq-len 100 --heads 4 --q-len 2 --page-size 16 --iters 2 --warmup 0
+expect 0 "usage: mla-bench" "Exit status" -- --help
+
+# --json: stdout holds only JSON lines (progress goes to stderr).
+runs=$((runs + 1))
+if "$bench" --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 --json 2>/dev/null |
+  grep -qv '^{'; then
+  failures=$((failures + 1))
+  echo "FAIL: mla-bench --json printed something other than JSON lines on stdout"
+else
+  echo "ok:   mla-bench --json: stdout holds only JSON lines"
+fi
+
+echo "$((runs - failures)) of $runs passed"
+[ "$failures" = 0 ]
