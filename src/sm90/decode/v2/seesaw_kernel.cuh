@@ -259,11 +259,13 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // The first key some row of the tile does not attend (its first token's limit; with a mask,
     // the first draft key) bounds it too: blocks past it take the masked path in every thread, and
     // their V rows from it on are cleaned (v1::clean_v_rows).
+    // NOTE: without kClean the code below is exactly what it was before cleaning existed: its
+    // mere presence cost the hot shapes 1-2% (docs/perf-notes.md, NaN propagation).
     const int tile_limit =
         max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
-    const int unmasked_limit =
-        min(kClean ? tile_limit : INT_MAX,
-            min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX));
+    int unmasked_limit =
+        min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
+    if constexpr (kClean) unmasked_limit = min(unmasked_limit, tile_limit);
 
     const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
     const float skip_threshold =
@@ -397,10 +399,15 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
             const int j = key0 + get<1>(tScS(v));
             // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
             // turn (contract section 1; the key's V row may have been cleaned).
-            float s = kNegInf;
-            if (rule[slot].attends(j)) {
-              s = tSrS(v) * score_scale;
-              if (kClean && s == kNegInf) s = __int_as_float(0x7fffffff);
+            float s;
+            if constexpr (kClean) {
+              s = kNegInf;
+              if (rule[slot].attends(j)) {
+                s = tSrS(v) * score_scale;
+                if (s == kNegInf) s = __int_as_float(0x7fffffff);
+              }
+            } else {
+              s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
             }
             tSrS(v) = s;
             block_max[slot] = fmaxf(block_max[slot], s);
@@ -479,12 +486,24 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
           // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
           const int valid = min(kKeys, w.extent - key0);
-          // From the first key some row of the tile does not attend (tile_limit).
+          // kClean: from the first key some row of the tile does not attend (tile_limit).
           const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
-          if (clean0 < kKeys) {
-            v1::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
-                             Traits::kL / Traits::kChunkCols, clean0, valid,
-                             std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
+          if constexpr (kClean) {
+            if (clean0 < kKeys) {
+              v1::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                               Traits::kL / Traits::kChunkCols, clean0, valid,
+                               std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
+            }
+          } else if (valid < kKeys) {
+            uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
+            constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
+            const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
+            for (int e = wtid; e < n; e += 128) {
+              const int piece = e & 7, rest = e >> 3;
+              const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
+              *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
+                  make_uint4(0, 0, 0, 0);
+            }
           }
           if ((lane & 3) == 0) {
 #pragma unroll
