@@ -22,7 +22,7 @@
 #include "common/test_util.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
-#include "sm90/decode/v2/launch.h"
+#include "sm90/decode/seesaw/launch.h"
 
 namespace {
 
@@ -1145,9 +1145,10 @@ TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
     c.seed = 3600 + e.B * 10 + e.q_len;
     std::unique_ptr<Built> b = build(deepseek(c));
     DeviceCall call(*b);
-    mla::sm90::v2::note_seesaw_launch({!e.direct, !e.paired});  // the opposite of the expectation
+    mla::sm90::seesaw::note_seesaw_launch(
+        {!e.direct, !e.paired});  // the opposite of the expectation
     ASSERT_TRUE(run_on_gpu(call.params));
-    const mla::sm90::v2::SeesawLaunch ran = mla::sm90::v2::last_seesaw_launch();
+    const mla::sm90::seesaw::SeesawLaunch ran = mla::sm90::seesaw::last_seesaw_launch();
     EXPECT_EQ(ran.direct_split, e.direct) << "B " << e.B << " q_len " << e.q_len;
     EXPECT_EQ(ran.paired, e.paired) << "B " << e.B << " q_len " << e.q_len;
     call.download(*b);

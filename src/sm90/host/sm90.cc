@@ -7,7 +7,7 @@
 //   partial_max [N] fp32           running max of each partial row (-inf: the split saw no key)
 //   partial_sum [N] fp32           sum of exp(s - max)
 //   partial_o [N, L] out dtype     bmm2_scale * sum of exp(s - max) * v / sum (0 where sum is 0)
-//   v2 only: the balanced schedule (params.h): ScheduleRequest [B], ScheduleToken [T] (the
+//   v2 only: the balanced schedule (params.h): schedule::Request [B], schedule::Token [T] (the
 //            tokens the combine merges), first request per part [parts] int32, positions per
 //            part [1] int32
 // with N partial rows: S x T x H in the uniform layout [S, T, H] (S = split_count below) of v0
@@ -38,11 +38,13 @@
 
 #include "host/backends.h"
 #include "host/check.h"
-#include "sm90/decode/rows/launch.h"
-#include "sm90/decode/v0/launch.h"
-#include "sm90/decode/v1/launch.h"
-#include "sm90/decode/v2/launch.h"
-#include "sm90/decode/v2/schedule.h"
+#include "sm90/check/launch.h"
+#include "sm90/decode/combine/launch.h"
+#include "sm90/decode/few_rows/launch.h"
+#include "sm90/decode/schedule/launch.h"
+#include "sm90/decode/seesaw/launch.h"
+#include "sm90/decode/simt/launch.h"
+#include "sm90/decode/tma/tensor_map.h"
 #include "sm90/params.h"
 
 namespace mla::detail::sm90 {
@@ -52,10 +54,13 @@ using ::mla::sm90::DecodeKernelParams;
 using ::mla::sm90::Elem;
 using ::mla::sm90::IndexCheck;
 using ::mla::sm90::IndexCheckParams;
-namespace v0 = ::mla::sm90::v0;
-namespace v1 = ::mla::sm90::v1;
-namespace v2 = ::mla::sm90::v2;
-namespace rows = ::mla::sm90::rows;
+namespace check = ::mla::sm90::check;
+namespace combine = ::mla::sm90::combine;
+namespace few_rows = ::mla::sm90::few_rows;
+namespace schedule = ::mla::sm90::schedule;
+namespace seesaw = ::mla::sm90::seesaw;
+namespace simt = ::mla::sm90::simt;
+namespace tma = ::mla::sm90::tma;
 
 constexpr int64_t kAlign = 256;
 constexpr int64_t kMinKeysPerSplit = 256;  // v0: a split handles at least this many keys
@@ -139,13 +144,13 @@ int64_t max_splits_override() {
 int64_t schedule_fixed_blocks() {
   static const int64_t fixed = [] {
     const int64_t v = env_int("MLA_SM90_SCHEDULE_FIXED");
-    return v > 0 ? std::min<int64_t>(v, 1 << 20) : ::mla::sm90::kScheduleFixedBlocks;
+    return v > 0 ? std::min<int64_t>(v, 1 << 20) : ::mla::sm90::schedule::kFixedBlocks;
   }();
   return fixed;
 }
 
 // v1 query-row tiles of one request: ceil(max_q_len * H / 64).
-int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, v1::kTileRows); }
+int64_t v1_tiles(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, tma::kTileRows); }
 
 // The shape part of v1's eligibility (the rest, data addresses and the tensor map, is checked at
 // run time; a call that fails it runs v0 with v1's split count, which v0 accepts).
@@ -161,22 +166,23 @@ bool v1_shape_ok(const Problem& p) {
   if (p.batch > 65535) return false;  // grid.y
   // Ragged queries without a tight max_q_len: the (tile, request) grid would be mostly empty.
   const int64_t tiles = v1_tiles(p);
-  if (p.batch * tiles > 4 * ceil_div(p.num_tokens * p.num_heads, v1::kTileRows) + p.batch) {
+  if (p.batch * tiles > 4 * ceil_div(p.num_tokens * p.num_heads, tma::kTileRows) + p.batch) {
     return false;
   }
   return true;
 }
 
-// The few-rows kernel takes requests of at most rows::kMaxRows query rows (H x max_q_len).
+// The few-rows kernel takes requests of at most few_rows::kMaxRows query rows (H x max_q_len).
 bool rows_shape_ok(const Problem& p) {
-  return v1_shape_ok(p) && p.max_q_len * p.num_heads <= rows::kMaxRows && forced_kernel() != "v2";
+  return v1_shape_ok(p) && p.max_q_len * p.num_heads <= few_rows::kMaxRows &&
+         forced_kernel() != "v2";
 }
 
 // Parts of the balanced schedule: one CTA per SM for each query-row tile of a request.
 int64_t schedule_parts(const Problem& p) {
   const int64_t parts = sm_count(p.device.device_id) / v1_tiles(p);
   return std::clamp<int64_t>(
-      parts, 1, std::min<int64_t>(::mla::sm90::kMaxSplits, ::mla::sm90::kScheduleMaxParts));
+      parts, 1, std::min<int64_t>(::mla::sm90::kMaxSplits, ::mla::sm90::schedule::kMaxParts));
 }
 
 // v2 runs on the balanced schedule: every call the TMA kernels take that the few-rows kernel does
@@ -240,7 +246,7 @@ int64_t split_count(const Problem& p, int64_t cap) {
     splits =
         std::clamp<int64_t>(sms / ctas, 1, std::min(ceil_div(max_blocks, min_blocks), kMaxSplits));
   } else {
-    const int64_t head_groups = ceil_div(p.num_heads, v0::kHeadsPerCta);
+    const int64_t head_groups = ceil_div(p.num_heads, simt::kHeadsPerCta);
     const int64_t want = ceil_div(2 * sms, p.num_tokens * head_groups);
     const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
     const int64_t cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
@@ -291,9 +297,10 @@ Layout layout_with(const Problem& p, int64_t cap) {
   l.bytes = l.o_offset + align_up(rows * p.L * 2);  // bf16 or fp16: the out type
   if (l.scheduled) {
     l.requests_offset = l.bytes;
-    l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::ScheduleRequest));
+    l.tokens_offset =
+        l.requests_offset + align_up(p.batch * sizeof(::mla::sm90::schedule::Request));
     l.part_first_offset =
-        l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::ScheduleToken));
+        l.tokens_offset + align_up(p.num_tokens * sizeof(::mla::sm90::schedule::Token));
     l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
     l.bytes = l.part_blocks_offset + kAlign;
   }
@@ -305,7 +312,7 @@ Layout layout_with(const Problem& p, int64_t cap) {
 // part) writes no partial row, so the loop ends.
 constexpr int64_t kWorkspaceCap = int64_t{128} << 20;
 Layout layout_of(const Problem& p) {
-  int64_t cap = std::max<int64_t>(kMaxSplits, ::mla::sm90::kScheduleMaxParts);
+  int64_t cap = std::max<int64_t>(kMaxSplits, ::mla::sm90::schedule::kMaxParts);
   Layout l = layout_with(p, cap);
   while (l.bytes > kWorkspaceCap && cap > 1) {
     cap /= 2;
@@ -468,7 +475,7 @@ void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace
 
   MLA_CUDA_CHECK(cudaMemsetAsync(c.record, 0xff, sizeof(unsigned long long), stream),
                  "clearing the index check record");
-  MLA_CUDA_CHECK(v0::launch_index_check(c, stream, prm.enable_pdl), "launching the index check");
+  MLA_CUDA_CHECK(check::launch_index_check(c, stream, prm.enable_pdl), "launching the index check");
   unsigned long long key = 0;
   MLA_CUDA_CHECK(cudaMemcpyAsync(&key, c.record, sizeof(key), cudaMemcpyDeviceToHost, stream),
                  "reading the index check record");
@@ -481,9 +488,9 @@ void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace
 // The balanced schedule's pieces of the workspace, for the kernels that read it.
 void schedule_view(const Layout& layout, uint8_t* workspace, int64_t batch, DecodeKernelParams& k) {
   k.sched_requests =
-      reinterpret_cast<const ::mla::sm90::ScheduleRequest*>(workspace + layout.requests_offset);
+      reinterpret_cast<const ::mla::sm90::schedule::Request*>(workspace + layout.requests_offset);
   k.sched_tokens =
-      reinterpret_cast<const ::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
+      reinterpret_cast<const ::mla::sm90::schedule::Token*>(workspace + layout.tokens_offset);
   k.sched_part_first = reinterpret_cast<const int32_t*>(workspace + layout.part_first_offset);
   k.sched_part_blocks = reinterpret_cast<const int32_t*>(workspace + layout.part_blocks_offset);
   k.num_parts = static_cast<int32_t>(layout.parts);
@@ -570,17 +577,19 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
   if (q == kv && (q == Elem::kBf16 || q == Elem::kFp16) && aligned &&
       (rows_shape_ok(p) || layout.scheduled || layout.direct)) {
     CUtensorMap kv_map;
-    if (v1::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
+    if (tma::make_kv_tensor_map(k, kv, &kv_map) == cudaSuccess) {
       // NOTE: with at most 32 query rows per request, v2's 64-row tiles are mostly padding and
       // the few-rows kernel does a quarter to a half of the tensor work (docs/perf-notes.md).
       if (rows_shape_ok(p)) {
         k.direct_out = k.num_splits == 1 ? 1 : 0;  // one split: out and lse without a combine
         if (p.max_q_len * p.num_heads <= 16) {
-          return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
-                                  : rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
+          return q == Elem::kBf16
+                     ? few_rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
+                     : few_rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
         }
-        return q == Elem::kBf16 ? rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
-                                : rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
+        return q == Elem::kBf16
+                   ? few_rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
+                   : few_rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
       }
       if (layout.direct) {
         k.direct_out = k.num_splits == 1 ? 1 : 0;  // one run: out and lse without a combine
@@ -591,11 +600,11 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
       const bool pair = v2_pair(p);  // the launch runs the direct split unpaired
       // Rows of a 64-row tile that attend the draft keys unequally: a custom mask, or tiles that
       // span two tokens.
-      const bool clean = p.has_mask || (p.max_q_len > 1 && p.num_heads % v1::kTileRows != 0);
-      return q == Elem::kBf16 ? v2::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
-                                                               pair, clean, stream, pdl)
-                              : v2::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,
-                                                               pair, clean, stream, pdl);
+      const bool clean = p.has_mask || (p.max_q_len > 1 && p.num_heads % tma::kTileRows != 0);
+      return q == Elem::kBf16 ? seesaw::launch_seesaw<Elem::kBf16>(k, kv_map, tiles, layout.direct,
+                                                                   pair, clean, stream, pdl)
+                              : seesaw::launch_seesaw<Elem::kFp16>(k, kv_map, tiles, layout.direct,
+                                                                   pair, clean, stream, pdl);
     }
   }
   // v0. A call laid out for the balanced schedule whose data addresses turned out unfit for TMA
@@ -603,19 +612,19 @@ cudaError_t launch_split_kv(const Problem& p, const Layout& layout, Elem q, Elem
   if (layout.scheduled) k.num_splits = 1;
   k.direct_out = k.num_splits == 1 ? 1 : 0;  // one split: out and lse without a combine
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
-    return v0::launch_split_kv<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
+    return simt::launch_simt<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
   }
   if (q == Elem::kFp16 && kv == Elem::kFp16) {
-    return v0::launch_split_kv<Elem::kFp16, Elem::kFp16>(k, stream, pdl);
+    return simt::launch_simt<Elem::kFp16, Elem::kFp16>(k, stream, pdl);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
-    return v0::launch_split_kv<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, stream, pdl);
+    return simt::launch_simt<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
-    return v0::launch_split_kv<Elem::kBf16, Elem::kFp8E4M3>(k, stream, pdl);
+    return simt::launch_simt<Elem::kBf16, Elem::kFp8E4M3>(k, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
-    return v0::launch_split_kv<Elem::kBf16, Elem::kFp8DsMla>(k, stream, pdl);
+    return simt::launch_simt<Elem::kBf16, Elem::kFp8DsMla>(k, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported, "backend sm90: no kernel for this (query, kv_cache) pair");
 }
@@ -675,16 +684,16 @@ void plan(const Problem& p, const DecodeParams& prm) {
   auto* workspace = static_cast<uint8_t*>(prm.workspace.data);
   DecodeKernelParams k = kernel_params(p, prm, workspace, layout);
   schedule_view(layout, workspace, p.batch, k);
-  v2::ScheduleOutputs out;
+  schedule::Outputs out;
   out.requests =
-      reinterpret_cast<::mla::sm90::ScheduleRequest*>(workspace + layout.requests_offset);
-  out.tokens = reinterpret_cast<::mla::sm90::ScheduleToken*>(workspace + layout.tokens_offset);
+      reinterpret_cast<::mla::sm90::schedule::Request*>(workspace + layout.requests_offset);
+  out.tokens = reinterpret_cast<::mla::sm90::schedule::Token*>(workspace + layout.tokens_offset);
   out.part_first = reinterpret_cast<int32_t*>(workspace + layout.part_first_offset);
   out.part_blocks = reinterpret_cast<int32_t*>(workspace + layout.part_blocks_offset);
   const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
-  MLA_CUDA_CHECK(v2::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
-                                     static_cast<int>(schedule_fixed_blocks()), layout.rows,
-                                     static_cast<cudaStream_t>(prm.stream), prm.enable_pdl),
+  MLA_CUDA_CHECK(schedule::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
+                                           static_cast<int>(schedule_fixed_blocks()), layout.rows,
+                                           static_cast<cudaStream_t>(prm.stream), prm.enable_pdl),
                  "launching the schedule kernel");
 }
 
@@ -704,9 +713,10 @@ void run(const Problem& p, const DecodeParams& prm) {
       "launching the split-KV decode kernel");
   if (k.direct_out) return;  // the decode kernel wrote out and lse
   const int sms = sm_count(p.device.device_id);
-  const cudaError_t err = p.out_dtype == dtype::kBFloat16
-                              ? v0::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)
-                              : v0::launch_combine<Elem::kFp16>(k, sms, stream, prm.enable_pdl);
+  const cudaError_t err =
+      p.out_dtype == dtype::kBFloat16
+          ? combine::launch_combine<Elem::kBf16>(k, sms, stream, prm.enable_pdl)
+          : combine::launch_combine<Elem::kFp16>(k, sms, stream, prm.enable_pdl);
   MLA_CUDA_CHECK(err, "launching the combine kernel");
 }
 
