@@ -6,7 +6,11 @@ target_sources(mla_decode PRIVATE src/sm90/host/support.cc)
 
 if(MLA_ENABLE_CUDA)
   target_sources(mla_decode PRIVATE
+    # Host side: entry points and launches, the routing step, device facts, environment switches.
     src/sm90/host/sm90.cc
+    src/sm90/host/route.cc
+    src/sm90/host/device.cc
+    src/sm90/host/switches.cc
     # The checked mode's index check.
     src/sm90/check/index_check_kernel.cu
     # Device code by role (docs/architecture.md). Each kernel folder has one file per supported
@@ -29,7 +33,6 @@ if(MLA_ENABLE_CUDA)
     # seesaw/: the TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per dtype).
     src/sm90/decode/seesaw/seesaw_bf16.cu
     src/sm90/decode/seesaw/seesaw_fp16.cu
-    src/sm90/decode/seesaw/launch_record.cc
     # schedule/: the plan kernel of the seesaw kernel's balanced schedule.
     src/sm90/decode/schedule/schedule_kernel.cu
     # combine/: merges the split partials into out and lse (one file per out dtype).

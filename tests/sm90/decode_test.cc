@@ -20,13 +20,16 @@
 #include "common/decode_case.h"
 #include "common/fp8_ds_mla.h"
 #include "common/test_util.h"
+#include "host/backends.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
-#include "sm90/decode/seesaw/launch.h"
+#include "sm90/host/route.h"
 
 namespace {
 
 using namespace mla_test::decode_case;  // Case, Built, build, checks
+using mla::detail::sm90::Kernel;
+using mla::detail::sm90::Route;
 
 const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4M3;
 
@@ -1114,11 +1117,13 @@ INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_spl
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Pairs, Sm90Decode, ::testing::ValuesIn(pair_cases()), param_name);
 
-// Which kernel the pair policy runs (the results alone cannot tell: paired and unpaired agree):
-// from 6 tiles per request on the balanced schedule paired, where the device holds the grid in
-// clusters of two (an H200 holds 66 at once); 2 tiles unpaired; a call of one request (the direct
-// split) never. MLA_SM90_PAIR=0 / =1 take every balanced-schedule call off pairs / onto them.
-TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
+// Which kernel the route of a call on this device runs (the results alone cannot tell: paired
+// and unpaired agree): from 6 tiles per request on the balanced schedule paired, where the device
+// holds the grid in clusters of two (an H200 holds 66 at once); 2 tiles unpaired; a call of one
+// request (the direct split) never. MLA_SM90_PAIR=0 / =1 take every balanced-schedule call off
+// pairs / onto them. Each call then runs and matches the oracle. (sm90_route_test checks the whole
+// route table for given device facts.)
+TEST(Sm90DecodePairs, RouteOfThisDevicePairsByPolicy) {
   SKIP_WITHOUT_HOPPER();
   if (std::getenv("MLA_SM90_KERNEL") != nullptr || std::getenv("MLA_SM90_DIRECT") != nullptr) {
     GTEST_SKIP() << "routing forced by MLA_SM90_KERNEL / MLA_SM90_DIRECT";
@@ -1145,12 +1150,11 @@ TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
     c.seed = 3600 + e.B * 10 + e.q_len;
     std::unique_ptr<Built> b = build(deepseek(c));
     DeviceCall call(*b);
-    mla::sm90::seesaw::note_seesaw_launch(
-        {!e.direct, !e.paired});  // the opposite of the expectation
+    const Route route = mla::detail::sm90::route_of(mla::detail::validate(call.params));
+    EXPECT_EQ(route.kernel, Kernel::kSeesaw) << "B " << e.B << " q_len " << e.q_len;
+    EXPECT_EQ(route.layout.direct, e.direct) << "B " << e.B << " q_len " << e.q_len;
+    EXPECT_EQ(route.pair, e.paired) << "B " << e.B << " q_len " << e.q_len;
     ASSERT_TRUE(run_on_gpu(call.params));
-    const mla::sm90::seesaw::SeesawLaunch ran = mla::sm90::seesaw::last_seesaw_launch();
-    EXPECT_EQ(ran.direct_split, e.direct) << "B " << e.B << " q_len " << e.q_len;
-    EXPECT_EQ(ran.paired, e.paired) << "B " << e.B << " q_len " << e.q_len;
     call.download(*b);
     check_sm90(*b);
   }

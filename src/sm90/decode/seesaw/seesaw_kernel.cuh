@@ -663,8 +663,6 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
 }
 
-// Clusters of two CTAs of the paired kernel that the device holds at once (read once per device;
-// 0 where the query fails).
 template <Elem E>
 int pair_clusters_resident() {
   constexpr int kMaxDevices = 64;
@@ -706,12 +704,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   using Traits = SeesawTraits<E>;
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  // Pairs on the balanced schedule only, and only where the device holds the whole grid in
-  // clusters of two at once, as the schedule assumes (`pair` implies an even tile count).
-  pair = pair && !direct_split &&
-         static_cast<int64_t>(grid.x) * grid.y <= 2LL * pair_clusters_resident<E>();
-  pair = pair && !clean;
-  note_seesaw_launch({direct_split, pair});
+  if (pair && (direct_split || clean)) return cudaErrorInvalidValue;  // not instantiated
   auto* kernel =
       direct_split
           ? (clean ? &seesaw_kernel<E, true, false, true> : &seesaw_kernel<E, true, false, false>)
