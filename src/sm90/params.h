@@ -48,7 +48,8 @@ struct DecodeKernelParams {
   float* partial_max = nullptr;  // [num_splits, T, H] fp32, running max (-inf: no key)
   float* partial_sum = nullptr;  // [num_splits, T, H] fp32, sum of exp(s - max)
 
-  // Balanced schedule (v2): set, the partial rows are those of the schedule (schedule/format.h)
+  // Balanced schedule (the seesaw kernel's): set, the partial rows are those of the schedule
+  // (schedule/format.h)
   // instead of [num_splits, T, H], and the grid is (tiles, num_parts).
   const schedule::Request* sched_requests = nullptr;  // [B]
   const schedule::Token* sched_tokens = nullptr;      // [T] the combine's list, in token order

@@ -30,7 +30,7 @@ static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's reco
 
 // The seesaw kernel pairs tiles on the balanced schedule from this many tiles per request up:
 // below that, and on the direct split at any tile count, the two CTAs' lockstep cost more than
-// the halved L2 traffic gave (docs/seesaw.md, Pairs).
+// the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
 constexpr int64_t kPairMinTiles = 6;
 
 // The contract caps the workspace at 128 MiB (FlashInfer's documented buffer).
@@ -96,13 +96,15 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
   if (p.num_tokens == 0) return f;  // no decode kernel
   f.tma = tma_shape_ok(p, sw);
   // The few-rows kernel takes requests of at most few_rows::kMaxRows query rows (H x max_q_len).
+  // NOTE: there the seesaw kernel's 64-row tiles are mostly padding; the few-rows kernel does a
+  // quarter to a half of its tensor work (docs/sm90-few-rows.md).
   f.few_rows = f.tma && p.max_q_len * p.num_heads <= ::mla::sm90::few_rows::kMaxRows &&
                sw.kernel != Switches::Kernel::kSeesaw;
   // The seesaw kernel takes every other call the TMA kernels take, within the schedule's int32
   // positions and partial rows.
   f.seesaw = f.tma && !f.few_rows && schedule_fits(p, sms, sw.schedule_fixed_blocks);
   // Its direct split: a call of one request runs split_count() equal runs of its blocks per
-  // query-row tile in the uniform layout, without the plan kernel (docs/seesaw.md).
+  // query-row tile in the uniform layout, without the plan kernel (docs/sm90-seesaw.md).
   f.direct = f.seesaw && sw.direct_split && p.batch == 1;
   return f;
 }

@@ -57,7 +57,7 @@ struct Route {
   int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
   int tiles = 0;     // kSeesaw: query-row tiles of 64 per request (the grid's x)
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
-  // loads each K block once for both (docs/seesaw.md, Pairs).
+  // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
   bool pair = false;
   // kSeesaw: rows of a tile attend the request's draft keys unequally (a custom mask, or tiles
   // that span two tokens); the kernel keeps a non-finite draft key from the rows that do not

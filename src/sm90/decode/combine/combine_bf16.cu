@@ -1,4 +1,4 @@
-// v0 combine kernel, out bf16.
+// Combine kernel, out bf16.
 #include "sm90/decode/combine/combine_kernel.cuh"
 
 namespace mla::sm90::combine {

@@ -1,4 +1,4 @@
-// v0 combine kernel, out fp16.
+// Combine kernel, out fp16.
 #include "sm90/decode/combine/combine_kernel.cuh"
 
 namespace mla::sm90::combine {

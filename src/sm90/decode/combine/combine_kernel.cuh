@@ -1,16 +1,16 @@
-// v0 combine kernel: merges the split partials of each (token, head) row into out and lse.
+// Combine kernel: merges the split partials of each (token, head) row into out and lse.
 //
 // Work: items (token t, R consecutive heads h0 .. h0 + R - 1, column chunk of 512 / chunks columns)
 // over every token, or with the balanced schedule over the tokens the plan kernel listed (the
-// others have one segment, whose out and lse v2 wrote; a CTA stops at the first record past the
-// list). The grid is sized by occupancy, not by the items: each CTA takes items blockIdx.x,
-// blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the balanced
-// schedule, where the token's schedule::Token says; the R rows of an item are consecutive there.
-// The CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 8-byte vector of
-// the 16-bit o) of each of the item's rows each; group g takes splits g, g + G, g + 2G, ... (G =
-// groups per CTA). Rows per item (R > 1 only with one group) put more vectors in flight where a row
-// has few splits. With M = max over splits of the split max m_s (splits without keys excluded), z_s
-// the split's sum and o_s = bmm2_scale * acc_s / z_s its 16-bit partial (params.h):
+// others have one segment, whose out and lse the seesaw kernel wrote; a CTA stops at the first
+// record past the list). The grid is sized by occupancy, not by the items: each CTA takes items
+// blockIdx.x, blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the
+// balanced schedule, where the token's schedule::Token says; the R rows of an item are consecutive
+// there. The CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 8-byte
+// vector of the 16-bit o) of each of the item's rows each; group g takes splits g, g + G, g + 2G,
+// ... (G = groups per CTA). Rows per item (R > 1 only with one group) put more vectors in flight
+// where a row has few splits. With M = max over splits of the split max m_s (splits without keys
+// excluded), z_s the split's sum and o_s = bmm2_scale * acc_s / z_s its 16-bit partial (params.h):
 //   w_s = z_s * exp(m_s - M),  Z = sum_s w_s,  acc = sum_s w_s * o_s
 //   out = acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
 // and an empty row (no split saw a key) gets out = 0, lse = -inf.
@@ -269,8 +269,8 @@ cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
 // the cheapest wins, fewer chunks, groups and rows on a tie. The grid: at most one wave of
 // resident CTAs.
 // NOTE: the kernel is latency-bound: a second round of CTAs costs a whole item's chain (~3.5 us at
-// B = 1), more than a second batch of loads (docs/perf-notes.md, Change 16); where rows have few
-// splits, rows per item fill the batch instead (Change 40).
+// B = 1), more than a second batch of loads (docs/sm90-combine.md); where rows have few splits,
+// rows per item fill the batch instead.
 template <Elem Out>
 cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
                            bool pdl) {
@@ -310,7 +310,7 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaS
                         ((params.num_heads + rows_per_item - 1) / rows_per_item) * chunks;
   if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
   // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
-  // that had nothing to do, docs/perf-notes.md, Change 13); the loop takes the items past a wave.
+  // that had nothing to do, docs/sm90-combine.md); the loop takes the items past a wave.
   const int grid = static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
   return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,

@@ -1,14 +1,15 @@
-// Few-rows decode kernel: v2's chunked TMA ring with the GEMMs transposed, keys as M, for requests
-// of at most kRows = 16 or 32 query rows (H x q_len), where 64-row tiles would be mostly padding.
+// Few-rows decode kernel: the chunked TMA ring (tma/) with the GEMMs transposed, keys as M, for
+// requests of at most kRows = 16 or 32 query rows (H x q_len), where 64-row tiles would be mostly
+// padding.
 //
-// Grid mapping (as v1 with one tile): blockIdx.x = 0 (the request's n_b * H rows, padded to kRows
-// with zero rows), blockIdx.y = request b, blockIdx.z = split s, which takes the s-th of
-// num_splits equal runs of the request's 64-key blocks. It writes the split's unnormalized partial
-// (acc, max, sum) of each row, which v0's combine kernel merges, or with one split (the host's
-// choice, p.direct_out) out and lse themselves.
+// Grid mapping (tma::resolve_tile with one tile): blockIdx.x = 0 (the request's n_b * H rows,
+// padded to kRows with zero rows), blockIdx.y = request b, blockIdx.z = split s, which takes the
+// s-th of num_splits equal runs of the request's 64-key blocks. It writes the split's unnormalized
+// partial (acc, max, sum) of each row, which the combine kernel merges, or with one split (the
+// host's choice, p.direct_out) out and lse themselves.
 //
 // Warpgroup roles (384 threads):
-//   WG0 producer: v2's chunk producer, one K block (64 keys x 576) per stage of a 2-stage ring.
+//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a 2-stage ring.
 //   WG1, WG2 consumers: consumer c takes every block of parity c (stage c) on its own, with its
 //     own running max, row sums and O^T (512 x kRows, fp32): per block
 //       S^T = K Q^T                  (36 x wgmma m64nNk16, A = K block, B = Q tile)
@@ -16,7 +17,7 @@
 //       A = V^T: the K block read MN-major, B = P from shared memory)
 //     The two consumers share no state until the end, where consumer 1 hands its (m, l, O^T) to
 //     consumer 0 through shared memory and consumer 0 merges and stores the partial.
-// Longer rationale: docs/sm90-small-rows.md.
+// Longer rationale: docs/sm90-few-rows.md.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
   // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
-  // docs/perf-notes.md, Change 36).
+  // docs/sm90-seesaw.md, Resources).
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
 
     // ---- mask; column max over the block's keys (scaled, base 2) ----
     // NOTE: where every row of the thread attends every key of the block, S^T stays unscaled and
-    // the scale goes into P's FFMA (docs/sm90-v2.md, Softmax).
+    // the scale goes into P's FFMA (docs/sm90-seesaw.md, Softmax).
     const bool unmasked = p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= min_limit;
     const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
     float block_max[kCols];
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     // ---- P into shared memory (16-bit, rows x keys); zero V rows of keys past the extent ----
     {
       // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-      // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-v1.md).
+      // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md, Precision).
       uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {

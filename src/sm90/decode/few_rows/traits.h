@@ -13,7 +13,8 @@
 namespace mla::sm90::few_rows {
 
 // The CuTe element type and the two GMMA atoms of each supported 16-bit format, for N = kRows
-// padded query rows. Both GEMMs are transposed against v1/v2: the 64 keys of a block are M.
+// padded query rows. Both GEMMs are transposed against the seesaw kernel's: the 64 keys of a block
+// are M.
 template <Elem E, int kRows>
 struct GmmaOps;
 template <>

@@ -7,13 +7,12 @@
 
 namespace mla::sm90::schedule {
 
-// The balanced schedule (schedule_kernel.cu), written into the workspace by the plan
-// kernel. Every request's 64-key blocks are laid end to end, each request preceded by
+// Every request's 64-key blocks are laid end to end, each request preceded by
 // kFixedBlocks blocks' worth of cost (its per-segment overhead: query tile, partial store,
-// combine; 8 measured best, docs/perf-notes.md), and the line is cut into num_parts equal runs of
-// `part_blocks` positions (schedule_kernel.cu says how many); part k takes
-// positions [k * part_blocks, (k + 1) * part_blocks). A request's piece in one part is a segment;
-// segment i of request b writes partial rows [row_base + i * rows, row_base + (i + 1) * rows).
+// combine; 8 measured best, docs/sm90-seesaw.md, Work split), and the line is cut into num_parts
+// equal runs of `part_blocks` positions (schedule_kernel.cu says how many); part k takes positions
+// [k * part_blocks, (k + 1) * part_blocks). A request's piece in one part is a segment; segment i
+// of request b writes partial rows [row_base + i * rows, row_base + (i + 1) * rows).
 inline constexpr int kFixedBlocks = 8;
 inline constexpr int kMaxParts = 1024;
 
@@ -26,8 +25,8 @@ struct Request {
 
 // Where the combine finds query token `token`'s partials: rows base_row + s * stride + h,
 // s < splits. The plan kernel lists only the tokens the combine merges, first in token order, then
-// records with splits -1 up to T: a token of a one-segment request has no partials (v2 writes its
-// out and lse).
+// records with splits -1 up to T: a token of a one-segment request has no partials (the seesaw
+// kernel writes its out and lse).
 struct Token {
   int32_t base_row;
   int32_t stride;

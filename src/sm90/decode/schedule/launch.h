@@ -1,4 +1,4 @@
-// The balanced schedule of the v2 kernel (params.h, Request): the plan kernel that writes
+// The balanced schedule of the seesaw kernel (format.h): the plan kernel that writes
 // it into the workspace from seq_lens and the query lengths, on the device.
 #pragma once
 

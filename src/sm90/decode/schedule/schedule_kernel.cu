@@ -1,4 +1,4 @@
-// Plan kernel of the balanced schedule (params.h, Request; docs/sm90-v2.md, Schedule).
+// Plan kernel of the balanced schedule (format.h; docs/sm90-seesaw.md, Work split).
 //
 // One CTA of kThreads threads, each owning a contiguous run of requests:
 //   pass 1: cost of request b = blocks_b + fixed (kFixedBlocks; 0 without a block); an
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
   // between requests (no request split, no partial traffic for it).
   // NOTE: with mixed lengths a multiple of the longest cost cuts inside requests anyway and only
   // leaves the last parts short or empty (B64 q2 varlen: 3 of 33 parts, the rest 8% longer;
-  // docs/perf-notes.md, Change 39).
+  // docs/sm90-seesaw.md, Work split).
   const int even = max(1, (total + parts - 1) / parts);
   int per = even;
   if (max_cost > 0 && min_cost == max_cost) {
@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // ---- pass 2: segments, partial rows, first request of each part, listed tokens ----
-  // NOTE: the combine lists the tokens of requests without exactly one segment; v2 writes the
-  // others' out and lse.
+  // NOTE: the combine lists the tokens of requests without exactly one segment; the seesaw kernel
+  // writes the others' out and lse.
   int rows = 0, listed = 0;
   for (int b = b_begin, pos = pos0; b < b_end; ++b) {
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (blocks == 0) continue;
     // NOTE: a request of one segment writes its out and lse directly: partial rows only for
-    // requests of two or more (the workspace bound in sm90.cc counts on it).
+    // requests of two or more (the workspace bound in route.h counts on it).
     if (segments >= 2) rows += segments * n * heads;
     for (int k = start / per; k <= (start + blocks - 1) / per; ++k) atomicMin(&part_first[k], b);
     pos = start + blocks;

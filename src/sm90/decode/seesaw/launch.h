@@ -14,10 +14,10 @@ namespace mla::sm90::seesaw {
 // or, with `direct_split` (a call of one request), (num_tiles, params.num_splits) equal runs of
 // the request's blocks in the uniform layout. `pair` (the route's choice: balanced schedule only,
 // never with `clean`): tiles 2k and 2k + 1 of a request read the same blocks (their rows are of
-// the same query tokens), and run as a cluster of two sharing each block's loads (docs/seesaw.md,
-// Pairs). `clean`: rows of a tile may attend the request's draft keys unequally (a custom mask, or
-// tiles that span two tokens); the kernel then keeps a non-finite draft key from reaching the rows
-// that do not attend it (seesaw_kernel.cuh, kClean).
+// the same query tokens), and run as a cluster of two sharing each block's loads
+// (docs/sm90-seesaw.md, Pairs). `clean`: rows of a tile may attend the request's draft keys
+// unequally (a custom mask, or tiles that span two tokens); the kernel then keeps a non-finite
+// draft key from reaching the rows that do not attend it (seesaw_kernel.cuh, kClean).
 template <Elem E>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           int num_tiles, bool direct_split, bool pair, bool clean,

@@ -1,4 +1,4 @@
-// v2 seesaw decode kernel, query and kv_cache bf16.
+// Seesaw decode kernel, query and kv_cache bf16.
 #include "sm90/decode/seesaw/seesaw_kernel.cuh"
 
 namespace mla::sm90::seesaw {

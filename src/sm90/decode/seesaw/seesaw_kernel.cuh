@@ -1,11 +1,11 @@
-// v2 seesaw decode kernel: v1's TMA pipeline with each consumer scoring whole blocks in turn.
+// Seesaw decode kernel: the TMA pipeline (tma/) with each consumer scoring whole blocks in turn.
 //
 // Grid mapping: blockIdx.x = tile of 64 query rows of a request (row = token * H + head; rows past
 // the request's n_b * H are zero padding), blockIdx.y = part of the balanced schedule (params.h,
-// schedule::Request; planned on the device by schedule.cu): the CTA walks its part's segments (one
-// run of 64-key blocks of one request each) in order and writes each segment's partial (max, sum,
-// o = bmm2 O / sum in the out type: params.h) of its rows, which v0's combine kernel merges, or,
-// for a request of one segment, its rows of out and lse. The grid is one wave.
+// schedule::Request; planned on the device by schedule_kernel.cu): the CTA walks its part's
+// segments (one run of 64-key blocks of one request each) in order and writes each segment's
+// partial (max, sum, o = bmm2 O / sum in the out type: params.h) of its rows, which the combine
+// kernel merges, or, for a request of one segment, its rows of out and lse. The grid is one wave.
 // Direct split (kDirect; a call of one request, no plan kernel): blockIdx.y = run of equal runs
 // of the tile's blocks, one segment per CTA (tma::SplitCursor), partials in the uniform layout.
 //
@@ -24,8 +24,8 @@
 //   c1: S1;                  (waits for c0) O_R = a0 O_R + P0 V0_R  while
 //       m1 = max(m0, rowmax S1), a1 = exp2(m0 - m1), P1 = exp2(S1 - m1) -> c0; O_R = a1 O_R + P1
 //       V1_R
-// (max(m, x) here: x where it exceeds m by more than kMaxSlack, else m; docs/sm90-v2.md, Softmax.)
-// Longer rationale: docs/sm90-v2.md.
+// (max(m, x) here: x where it exceeds m by more than kMaxSlack, else m.)
+// Longer rationale: docs/sm90-seesaw.md (the max rule: Softmax).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
-  static_assert(!(kDirect && kPair), "pairs run on the balanced schedule (docs/sm90-v2.md, Pairs)");
+  static_assert(!(kDirect && kPair),
+                "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
   // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
-  // docs/perf-notes.md, Change 36).
+  // docs/sm90-seesaw.md, Resources).
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // Blocks that end at or below this key take the softmax without per-score mask and scale.
     // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and their
     // O, max and sum are never stored; counting them (limit 0) put every block of a warp with a
-    // padding row on the masked path (H96: +30%, docs/perf-notes.md, Change 30).
+    // padding row on the masked path (H96: +30%, docs/sm90-seesaw.md, Softmax).
     // The first key some row of the tile does not attend (its first token's limit; with a mask,
     // the first draft key) bounds it too: blocks past it take the masked path in every thread, and
     // their V rows from it on are cleaned (tma::clean_v_rows).
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         for (int s = 0; s < 2; ++s) {
           // NOTE: the running max moves only where the block's exceeds it by more than
           // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
-          // factor of 1 lets a warp skip its rescales (docs/perf-notes.md, Change 63).
+          // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
           m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
           const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
           a_new[s] = exp2f(m_in[s] - m_use);
@@ -447,7 +448,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
           row_sum[s] *= a_new[s];
         }
         // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
-        // hand-off to the other consumer is the round's critical path (Change 52).
+        // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
+        // Schedule of one segment).
         CUTE_UNROLL
         for (int v = 0; v < size(tSrS); ++v) {
           const int slot = (v >> 1) & 1;
@@ -457,7 +459,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
         // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
         {
           // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-          // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-v1.md).
+          // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
+          // Precision).
           uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); v += 2) {

@@ -1,4 +1,4 @@
-// Tile sizes, GMMA shapes and the shared-memory plan of the v2 seesaw decode kernel.
+// Tile sizes, GMMA shapes and the shared-memory plan of the seesaw decode kernel.
 #pragma once
 
 #include <cute/arch/mma_sm90.hpp>

@@ -1,4 +1,4 @@
-// v0 split-KV decode kernel, query bf16, kv_cache fp8.
+// SIMT decode kernel, query bf16, kv_cache fp8.
 #include "sm90/decode/simt/simt_kernel.cuh"
 
 namespace mla::sm90::simt {

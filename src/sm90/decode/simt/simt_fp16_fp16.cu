@@ -1,4 +1,4 @@
-// v0 split-KV decode kernel, query fp16, kv_cache fp16.
+// SIMT decode kernel, query fp16, kv_cache fp16.
 #include "sm90/decode/simt/simt_kernel.cuh"
 
 namespace mla::sm90::simt {

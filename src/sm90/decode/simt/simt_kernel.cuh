@@ -1,10 +1,12 @@
-// v0 split-KV decode kernel: a simple SIMT kernel with fp32 math (correctness first).
+// SIMT decode kernel: split-KV with fp32 math, for every call the TMA kernels do not take (sparse
+// mode, fp8 and fp8_ds_mla caches, pages of fewer than 16 keys, unaligned strides).
 //
 // Grid mapping: blockIdx.x = query token t, blockIdx.y = group of up to 16 heads,
 // blockIdx.z = split s. Each CTA derives its key range from seq_lens on the device: the token's
 // attended extent is cut into 64-key blocks and split s takes the s-th of num_splits equal runs
 // of blocks (possibly none). It writes the split's partial (max, sum, o = bmm2 acc / sum in the
-// out type: params.h) of each head row; combine_kernel.cu merges the splits.
+// out type: params.h) of each head row; the combine kernel merges the splits.
+// Longer rationale: docs/sm90-simt.md.
 #pragma once
 
 #include "sm90/common.cuh"

@@ -1,4 +1,4 @@
-// Tile sizes and the shared-memory plan of the v0 split-KV decode kernel.
+// Tile sizes and the shared-memory plan of the SIMT decode kernel.
 #pragma once
 
 #include <cstddef>

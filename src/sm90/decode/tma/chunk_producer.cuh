@@ -1,4 +1,4 @@
-// The v2 ring: v1's K-block ring, loaded (producer) and multiplied (chunked_gemm) by chunks.
+// The K-block ring of the TMA kernels, loaded (producer) and multiplied (chunked_gemm) by chunks.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -13,7 +13,7 @@ namespace mla::sm90::tma {
 
 // Producer threads that issue the ring's TMA boxes: one per page piece of a 64-key block (lane 0
 // of producer warps 0 .. n - 1; 4 at page 16, 2 at page 32, 1 from page 64 up), so that small pages
-// do not put 4x the boxes on one thread's dependent issue sequence (docs/perf-notes.md, Change 27).
+// do not put 4x the boxes on one thread's dependent issue sequence (docs/sm90-seesaw.md, Pipeline).
 template <typename Traits>
 __device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
   static_assert(Traits::kKeys / 16 <= 4, "pages of >= 16 keys: at most one issuer per warp of WG0");
@@ -93,11 +93,11 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
 // barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
-// kEvictFirst: the boxes carry an evict-first L2 policy (v2's direct split only:
-// docs/perf-notes.md, Changes 35 and 35b).
+// kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
+// split only: docs/sm90-seesaw.md, the direct split).
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
 // the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
-// chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-v2.md,
+// chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-seesaw.md,
 // Pairs).
 template <typename Traits, bool kEvictFirst = false, bool kPair = false>
 __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const TileWork& w,

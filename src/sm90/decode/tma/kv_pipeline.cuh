@@ -1,5 +1,5 @@
-// Pieces shared by the TMA-fed decode kernels (v2, rows): the work of one CTA, the attended-set
-// rule of a query row and the 128-byte swizzle of a 64-column chunk.
+// Pieces shared by the TMA-fed decode kernels (seesaw/, few_rows/): the work of one CTA, the
+// attended-set rule of a query row and the 128-byte swizzle of a 64-column chunk.
 #pragma once
 
 #include <cstdint>
@@ -95,8 +95,8 @@ struct PartCursor {
       const int tile_blocks = resolve_extent(p, w);
       w.block_begin = min(first, tile_blocks);
       w.block_end = min(last, tile_blocks);
-      // NOTE: the plan's segment count (schedule.cu) from the same positions: the combine's list
-      // holds exactly the tokens of the other requests.
+      // NOTE: the plan's segment count (schedule_kernel.cu) from the same positions: the combine's
+      // list holds exactly the tokens of the other requests.
       w.whole = (r.pos + r.blocks - 1) / per == r.pos / per;
       partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;
       // NOTE: the next call reads the next record (and its seq_lens entry) after this segment's
@@ -111,10 +111,10 @@ struct PartCursor {
   }
 };
 
-// The one segment of a CTA of v2's direct split (a call of one request; no plan kernel): request 0,
-// query-row tile blockIdx.x, run blockIdx.y of gridDim.y equal runs of the tile's 64-key blocks
-// (possibly empty). Run s writes partial rows [s, T, H] (the uniform layout), or, with
-// p.direct_out (one run), out and lse.
+// The one segment of a CTA of the seesaw kernel's direct split (a call of one request; no plan
+// kernel): request 0, query-row tile blockIdx.x, run blockIdx.y of gridDim.y equal runs of the
+// tile's 64-key blocks (possibly empty). Run s writes partial rows [s, T, H] (the uniform layout),
+// or, with p.direct_out (one run), out and lse.
 struct SplitCursor {
   bool done;
 
@@ -189,8 +189,8 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
 
 // The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
 // kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
-// ahead of the K blocks' (v2's direct split: docs/perf-notes.md, Change 57). A ragged call's rows
-// need cum_seq_lens_q: nothing is requested.
+// ahead of the K blocks' (the seesaw kernel's direct split: docs/sm90-seesaw.md, the direct split).
+// A ragged call's rows need cum_seq_lens_q: nothing is requested.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
                                                     int tid) {
@@ -214,7 +214,7 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
 // 0 .. kRows - 1 write row r's first vector (null for a padding row) into `row_ptr` (shared),
 // `sync` makes them visible to all kThreads, then every load is that pointer plus its vector, all
 // of them in flight before the first store (a (token, head) division and 64-bit stride products per
-// load were ~125 instructions each, ~2 us of issue per segment: docs/perf-notes.md, Change 47).
+// load were ~125 instructions each, ~2 us of issue per segment: docs/sm90-seesaw.md, Work split).
 // `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
 // thread calls it). The caller fences and syncs.
 template <int kRows, int kThreads, typename Sync, typename InFlight>

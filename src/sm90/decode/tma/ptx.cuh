@@ -1,4 +1,4 @@
-// PTX wrappers of the v1 kernels: mbarriers, bulk tensor copies (TMA), named barriers, proxy
+// PTX wrappers of the TMA kernels: mbarriers, bulk tensor copies (TMA), named barriers, proxy
 // fences and register reallocation. Hopper (sm_90a) only.
 #pragma once
 
@@ -66,7 +66,7 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// ---- clusters (v2's paired tiles: docs/sm90-v2.md, Pairs) ----
+// ---- clusters (the seesaw kernel's paired tiles: docs/sm90-seesaw.md, Pairs) ----
 
 // This CTA's rank in its cluster.
 __device__ __forceinline__ uint32_t cluster_ctarank() {

@@ -1,4 +1,4 @@
-// The kv_cache tensor map of the v1 kernel, encoded on the host per call through the driver entry
+// The kv_cache tensor map of the TMA kernels, encoded on the host per call through the driver entry
 // point the runtime hands out (no link against libcuda).
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -40,7 +40,7 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   // NOTE: no L2 promotion. A box reads 128 bytes from each of 64 rows 1,152 bytes apart; with
   // 256-byte promotion the same stream of 72 KB blocks ran ~12% slower from DRAM (4.15 against
-  // 4.65 TB/s, docs/perf-notes.md, Change 24); 64 and 128 bytes read as none in the goal suite.
+  // 4.65 TB/s, docs/sm90-tma.md, Files); 64 and 128 bytes read as none in the goal suite.
   const CUresult r = encode(
       map, kv == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       3, const_cast<void*>(p.kv), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
