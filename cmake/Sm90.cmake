@@ -6,28 +6,38 @@ target_sources(mla_decode PRIVATE src/sm90/host/support.cc)
 
 if(MLA_ENABLE_CUDA)
   target_sources(mla_decode PRIVATE
+    # Host side: entry points and launches, the routing step, device facts, environment switches.
     src/sm90/host/sm90.cc
+    src/sm90/host/route.cc
+    src/sm90/host/device.cc
+    src/sm90/host/switches.cc
+    # The checked mode's index check.
     src/sm90/check/index_check_kernel.cu
-    # One file per (query, kv_cache) pair and per out dtype: the supported set, compiled in parallel.
-    src/sm90/decode/v0/split_kv_bf16_bf16.cu
-    src/sm90/decode/v0/split_kv_fp16_fp16.cu
-    src/sm90/decode/v0/split_kv_fp8_fp8.cu
-    src/sm90/decode/v0/split_kv_bf16_fp8.cu
-    src/sm90/decode/v0/split_kv_bf16_ds_mla.cu
-    src/sm90/decode/v0/combine_bf16.cu
-    src/sm90/decode/v0/combine_fp16.cu
-    # v1/: what the TMA kernels share (tensor map, K pipeline, ptx helpers, tile rows).
-    src/sm90/decode/v1/tensor_map.cc
-    # v2: TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per element type).
-    src/sm90/decode/v2/seesaw_bf16.cu
-    src/sm90/decode/v2/seesaw_fp16.cu
-    src/sm90/decode/v2/schedule.cu
-    src/sm90/decode/v2/launch_record.cc
-    # rows: the transposed kernel for at most 32 query rows per request (one file per dtype and N).
-    src/sm90/decode/rows/few_rows_bf16_r16.cu
-    src/sm90/decode/rows/few_rows_bf16_r32.cu
-    src/sm90/decode/rows/few_rows_fp16_r16.cu
-    src/sm90/decode/rows/few_rows_fp16_r32.cu
+    # Device code by role (docs/architecture.md). Each kernel folder has one file per supported
+    # element type (set), compiled in parallel.
+    # tma/: what the TMA kernels share (tensor map, K-block ring, ptx helpers, cursors).
+    src/sm90/decode/tma/tensor_map.cc
+    # simt/: the SIMT kernel, every call the TMA kernels do not take (one file per (query,
+    # kv_cache) pair).
+    src/sm90/decode/simt/simt_bf16_bf16.cu
+    src/sm90/decode/simt/simt_fp16_fp16.cu
+    src/sm90/decode/simt/simt_fp8_fp8.cu
+    src/sm90/decode/simt/simt_bf16_fp8.cu
+    src/sm90/decode/simt/simt_bf16_ds_mla.cu
+    # few_rows/: the TMA + wgmma kernel for at most 32 query rows per request (one file per dtype
+    # and padded row count).
+    src/sm90/decode/few_rows/few_rows_bf16_r16.cu
+    src/sm90/decode/few_rows/few_rows_bf16_r32.cu
+    src/sm90/decode/few_rows/few_rows_fp16_r16.cu
+    src/sm90/decode/few_rows/few_rows_fp16_r32.cu
+    # seesaw/: the TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per dtype).
+    src/sm90/decode/seesaw/seesaw_bf16.cu
+    src/sm90/decode/seesaw/seesaw_fp16.cu
+    # schedule/: the plan kernel of the seesaw kernel's balanced schedule.
+    src/sm90/decode/schedule/schedule_kernel.cu
+    # combine/: merges the split partials into out and lse (one file per out dtype).
+    src/sm90/decode/combine/combine_bf16.cu
+    src/sm90/decode/combine/combine_fp16.cu
   )
   target_link_libraries(mla_decode PRIVATE mla_cutlass)
   set_target_properties(mla_decode PROPERTIES CUDA_RUNTIME_LIBRARY Static)

@@ -38,11 +38,14 @@ void check_device(Device device);
 // Checks this backend's limits (head dims, heads, page size, query length); throws Unsupported.
 void check_support(const Problem& problem);
 
-// Bytes of device workspace: the checked mode's record and the fp32 split partials. Depends on
-// the shapes and on the device's SM count (which fixes the split count), never on tensor contents.
+// Bytes of device workspace: the checked mode's record, the split partials and the balanced
+// schedule (src/sm90/host/route.h, Layout). Depends on the shapes and on the device's SM count
+// (which fixes the split count), never on tensor contents.
 size_t workspace_size(const Problem& problem);
 
-// The split is derived on the device from seq_lens by each CTA, so plan writes nothing (v0).
+// Writes what the call's route needs before run: the seesaw kernel's balanced schedule, by a plan
+// kernel on params.stream, where the route runs it (src/sm90/host/route.h); nothing otherwise (the
+// other kernels derive each CTA's key range from seq_lens on the device).
 void plan(const Problem& problem, const DecodeParams& params);
 
 // Launches the decode (and, with validate_indices, the index check first) on params.stream.

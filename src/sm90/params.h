@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "sm90/decode/schedule/format.h"
+
 namespace mla::sm90 {
 
 // Element formats of the kernels' template parameters (one instantiation per supported set).
@@ -20,34 +22,6 @@ inline constexpr int kMaxSplits = 256;
 
 // Bytes at the start of the workspace that hold the checked mode's record (the first bad index).
 inline constexpr int64_t kCheckRecordBytes = 256;
-
-// The balanced schedule (src/sm90/decode/v2/schedule.cu), written into the workspace by the plan
-// kernel. Every request's 64-key blocks are laid end to end, each request preceded by
-// kScheduleFixedBlocks blocks' worth of cost (its per-segment overhead: query tile, partial store,
-// combine; 8 measured best, docs/perf-notes.md), and the line is cut into num_parts equal runs of
-// `part_blocks` positions (schedule.cu says how many); part k takes
-// positions [k * part_blocks, (k + 1) * part_blocks). A request's piece in one part is a segment;
-// segment i of request b writes partial rows [row_base + i * rows, row_base + (i + 1) * rows).
-inline constexpr int kScheduleFixedBlocks = 8;
-inline constexpr int kScheduleMaxParts = 1024;
-
-struct ScheduleRequest {
-  int32_t pos;       // position of the request's first block on the line
-  int32_t blocks;    // ceil(seq_len / 64): blocks of the request's last query token
-  int32_t row_base;  // first partial row of its segment 0
-  int32_t rows;      // n_b * H: partial rows per segment
-};
-
-// Where the combine finds query token `token`'s partials: rows base_row + s * stride + h,
-// s < splits. The plan kernel lists only the tokens the combine merges, first in token order, then
-// records with splits -1 up to T: a token of a one-segment request has no partials (v2 writes its
-// out and lse).
-struct ScheduleToken {
-  int32_t base_row;
-  int32_t stride;
-  int32_t splits;  // 0: the request has no key (out 0, lse -inf); -1: past the list; never 1
-  int32_t token;
-};
 
 struct DecodeKernelParams {
   // Inputs.
@@ -74,12 +48,13 @@ struct DecodeKernelParams {
   float* partial_max = nullptr;  // [num_splits, T, H] fp32, running max (-inf: no key)
   float* partial_sum = nullptr;  // [num_splits, T, H] fp32, sum of exp(s - max)
 
-  // Balanced schedule (v2): set, the partial rows are those of the schedule (ScheduleRequest)
+  // Balanced schedule (the seesaw kernel's): set, the partial rows are those of the schedule
+  // (schedule/format.h)
   // instead of [num_splits, T, H], and the grid is (tiles, num_parts).
-  const ScheduleRequest* sched_requests = nullptr;  // [B]
-  const ScheduleToken* sched_tokens = nullptr;      // [T] the combine's list, in token order
-  const int32_t* sched_part_first = nullptr;        // [num_parts] first request of a part (B: none)
-  const int32_t* sched_part_blocks = nullptr;       // [1] positions per part
+  const schedule::Request* sched_requests = nullptr;  // [B]
+  const schedule::Token* sched_tokens = nullptr;      // [T] the combine's list, in token order
+  const int32_t* sched_part_first = nullptr;   // [num_parts] first request of a part (B: none)
+  const int32_t* sched_part_blocks = nullptr;  // [1] positions per part
   int32_t num_parts = 0;
 
   // Sizes.

@@ -22,7 +22,7 @@ def test_jax_host_arrays(rng):
     args = [jax.device_put(jnp.asarray(a), cpu) for a in case.args()]
     out, lse = mla_decode.batch_decode(*args, return_lse=True, **case.kwargs())
     assert isinstance(out, jax.Array) and isinstance(lse, jax.Array)
-    assert out.dtype == jnp.bfloat16  # JAX has bfloat16: SPEC's default for float32 queries
+    assert out.dtype == jnp.bfloat16  # JAX has bfloat16: the contract's default for float32 queries
     np.testing.assert_allclose(np.asarray(out, np.float64), ref_out, **TOL)
     np.testing.assert_allclose(np.asarray(lse, np.float64), ref_lse, rtol=1e-5, atol=1e-4)
 

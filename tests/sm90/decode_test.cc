@@ -20,13 +20,16 @@
 #include "common/decode_case.h"
 #include "common/fp8_ds_mla.h"
 #include "common/test_util.h"
+#include "host/backends.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
-#include "sm90/decode/v2/launch.h"
+#include "sm90/host/route.h"
 
 namespace {
 
 using namespace mla_test::decode_case;  // Case, Built, build, checks
+using mla::detail::sm90::Kernel;
+using mla::detail::sm90::Route;
 
 const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4M3;
 
@@ -46,10 +49,10 @@ bool has_hopper() {
 }
 
 // The out allowance for values rounded to 16 bits (mla_test::OutTolerance::p_rel): the wgmma
-// kernels round P to the kv_cache type for their P V product (v0 keeps fp32 P), and every kernel
-// rounds a split's partial o to the out type (params.h); each adds at most its half ulp times
-// ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is not split, or on
-// v0, the allowance is only an upper bound.
+// kernels round P to the kv_cache type for their P V product (the SIMT kernel keeps fp32 P), and
+// every kernel rounds a split's partial o to the out type (params.h); each adds at most its half
+// ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is not
+// split, or on the SIMT kernel, the allowance is only an upper bound.
 double sm90_p_rel(const Built& b) {
   const DataType p_dtype =
       b.c.kv_dtype == dt::kBFloat16 || b.c.kv_dtype == dt::kFloat16 ? b.c.kv_dtype : dt::kFloat32;
@@ -327,8 +330,9 @@ std::vector<Case> dtype_cases() {
   return cases;
 }
 
-// Calls of enough query rows that v0 runs one split and writes out and lse itself (no partials,
-// no combine): fp8 caches, sparse mode, pages below 16; with sinks, lse and ragged queries.
+// Calls of enough query rows that the SIMT kernel runs one split and writes out and lse itself (no
+// partials, no combine): fp8 caches, sparse mode, pages below 16; with sinks, lse and ragged
+// queries.
 std::vector<Case> one_split_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -349,7 +353,7 @@ std::vector<Case> one_split_cases() {
     add(c);
   }
   {
-    Case c;  // pages of 8: v0 for every dtype
+    Case c;  // pages of 8: the SIMT kernel for every dtype
     c.B = 36;
     c.H = 128;
     c.q_len = 1;
@@ -536,10 +540,10 @@ std::vector<Case> mixed_cases() {
   return cases;
 }
 
-// The v1 kernel's configurations (16-bit query and kv_cache, page_size >= 16, aligned strides):
+// The TMA kernels' configurations (16-bit query and kv_cache, page_size >= 16, aligned strides):
 // every head count through one or several 64-row tiles, page sizes 16 to 256, partial last blocks,
 // many splits, masks, ragged queries, sinks, skip-softmax and padded strides.
-std::vector<Case> v1_cases() {
+std::vector<Case> tma_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
     c.seed = 2800 + cases.size();
@@ -653,8 +657,8 @@ std::vector<Case> v1_cases() {
 
 // The combine at its limits: one request with the most splits the policy gives (64 splits of two
 // tiles at H = 128, 128 two-block splits at H = 16), long and short requests in one batch (the
-// short ones' splits mostly empty), ragged queries over long sequences, and v0 (fp8) with many
-// splits.
+// short ones' splits mostly empty), ragged queries over long sequences, and the SIMT kernel (fp8)
+// with many splits.
 std::vector<Case> split_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -699,7 +703,7 @@ std::vector<Case> split_cases() {
   c.seq_lens = {5000, 0, 3000};
   c.max_q_len_hint = false;
   add(c);
-  c = Case();  // v0 (fp8 cache): its own policy, many splits
+  c = Case();  // the SIMT kernel (fp8 cache): its own policy, many splits
   c.B = 1;
   c.H = 16;
   c.q_len = 1;
@@ -820,11 +824,11 @@ std::vector<Case> few_rows_cases() {
   return cases;
 }
 
-// v2's balanced schedule (the plan kernel's segments): many requests of mixed lengths (zeros,
-// single keys, a few long ones) so that part boundaries cut requests anywhere; a request that
-// spans every part (the most splits the combine merges); several query-row tiles per request with
-// causal limits that leave a tile's segment without a key; ragged queries where a request has no
-// rows in a later tile.
+// The seesaw kernel's balanced schedule (the plan kernel's segments): many requests of mixed
+// lengths (zeros, single keys, a few long ones) so that part boundaries cut requests anywhere; a
+// request that spans every part (the most splits the combine merges); several query-row tiles per
+// request with causal limits that leave a tile's segment without a key; ragged queries where a
+// request has no rows in a later tile.
 std::vector<Case> schedule_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -882,8 +886,8 @@ std::vector<Case> schedule_cases() {
   c.mask = Mask::kU32;
   add(c);
   // Every request one segment (300 one-block requests, 10 per part on 132 SMs): out and lse from
-  // v2 itself with every output option; seq_len 1 leaves token 0's rows (tiles 0 and 1) without a
-  // key, seq_len 0 leaves a request without any (the combine's only token).
+  // The seesaw kernel itself with every output option; seq_len 1 leaves token 0's rows (tiles 0 and
+  // 1) without a key, seq_len 0 leaves a request without any (the combine's only token).
   c = Case();
   c.B = 300;
   c.H = 128;
@@ -901,8 +905,8 @@ std::vector<Case> schedule_cases() {
   c.bmm2 = 0.75;
   c.strided = true;
   add(c);
-  // Equal lengths (every request one segment, written by v2 itself) with out strides that rule
-  // out 16-byte stores, and a request without keys.
+  // Equal lengths (every request one segment, written by the seesaw kernel itself) with out strides
+  // that rule out 16-byte stores, and a request without keys.
   c = Case();
   c.B = 140;
   c.H = 64;
@@ -931,9 +935,9 @@ std::vector<Case> schedule_cases() {
   return cases;
 }
 
-// v2's direct split (a call of one request): many runs per tile (partials for the combine) and
-// one (out and lse from the decode kernel); runs without a block (seq_len shorter than the
-// block_tables capacity, and 0); causal and custom masks, ragged queries, sinks, lse off, scale
+// The seesaw kernel's direct split (a call of one request): many runs per tile (partials for the
+// combine) and one (out and lse from the decode kernel); runs without a block (seq_len shorter than
+// the block_tables capacity, and 0); causal and custom masks, ragged queries, sinks, lse off, scale
 // tensors, skip-softmax, fp16, page sizes and out strides without 16-byte stores.
 std::vector<Case> direct_split_cases() {
   std::vector<Case> cases;
@@ -990,12 +994,12 @@ std::vector<Case> direct_split_cases() {
   return cases;
 }
 
-// v2's pairs (tiles 2k and 2k + 1 of a request in a cluster of two that loads each block once for
-// both; on the balanced schedule from 6 tiles up: H = 128 and at least 3 query tokens): pages of
-// 16 and 32 keys (several issuers per block), ragged queries with tile pairs past a request's
-// rows, a custom mask, sinks, fp16, a long request among short ones. CTest runs this suite a
-// second time with MLA_SM90_PAIR=1, which pairs every balanced-schedule call that allows it: also
-// 2 tiles at max_q_len 1 (H 65 .. 128, the second tile part padding).
+// The seesaw kernel's pairs (tiles 2k and 2k + 1 of a request in a cluster of two that loads each
+// block once for both; on the balanced schedule from 6 tiles up: H = 128 and at least 3 query
+// tokens): pages of 16 and 32 keys (several issuers per block), ragged queries with tile pairs past
+// a request's rows, a custom mask, sinks, fp16, a long request among short ones. CTest runs this
+// suite a second time with MLA_SM90_PAIR=1, which pairs every balanced-schedule call that allows
+// it: also 2 tiles at max_q_len 1 (H 65 .. 128, the second tile part padding).
 std::vector<Case> pair_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -1108,17 +1112,19 @@ INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()),
 INSTANTIATE_TEST_SUITE_P(OneSplit, Sm90Decode, ::testing::ValuesIn(one_split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
-INSTANTIATE_TEST_SUITE_P(V1, Sm90Decode, ::testing::ValuesIn(v1_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(TmaKernels, Sm90Decode, ::testing::ValuesIn(tma_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Pairs, Sm90Decode, ::testing::ValuesIn(pair_cases()), param_name);
 
-// Which kernel the pair policy runs (the results alone cannot tell: paired and unpaired agree):
-// from 6 tiles per request on the balanced schedule paired, where the device holds the grid in
-// clusters of two (an H200 holds 66 at once); 2 tiles unpaired; a call of one request (the direct
-// split) never. MLA_SM90_PAIR=0 / =1 take every balanced-schedule call off pairs / onto them.
-TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
+// Which kernel the route of a call on this device runs (the results alone cannot tell: paired
+// and unpaired agree): from 6 tiles per request on the balanced schedule paired, where the device
+// holds the grid in clusters of two (an H200 holds 66 at once); 2 tiles unpaired; a call of one
+// request (the direct split) never. MLA_SM90_PAIR=0 / =1 take every balanced-schedule call off
+// pairs / onto them. Each call then runs and matches the oracle. (sm90_route_test checks the whole
+// route table for given device facts.)
+TEST(Sm90DecodePairs, RouteOfThisDevicePairsByPolicy) {
   SKIP_WITHOUT_HOPPER();
   if (std::getenv("MLA_SM90_KERNEL") != nullptr || std::getenv("MLA_SM90_DIRECT") != nullptr) {
     GTEST_SKIP() << "routing forced by MLA_SM90_KERNEL / MLA_SM90_DIRECT";
@@ -1145,11 +1151,11 @@ TEST(Sm90DecodePairs, PolicyPicksTheKernel) {
     c.seed = 3600 + e.B * 10 + e.q_len;
     std::unique_ptr<Built> b = build(deepseek(c));
     DeviceCall call(*b);
-    mla::sm90::v2::note_seesaw_launch({!e.direct, !e.paired});  // the opposite of the expectation
+    const Route route = mla::detail::sm90::route_of(mla::detail::validate(call.params));
+    EXPECT_EQ(route.kernel, Kernel::kSeesaw) << "B " << e.B << " q_len " << e.q_len;
+    EXPECT_EQ(route.layout.direct, e.direct) << "B " << e.B << " q_len " << e.q_len;
+    EXPECT_EQ(route.pair, e.paired) << "B " << e.B << " q_len " << e.q_len;
     ASSERT_TRUE(run_on_gpu(call.params));
-    const mla::sm90::v2::SeesawLaunch ran = mla::sm90::v2::last_seesaw_launch();
-    EXPECT_EQ(ran.direct_split, e.direct) << "B " << e.B << " q_len " << e.q_len;
-    EXPECT_EQ(ran.paired, e.paired) << "B " << e.B << " q_len " << e.q_len;
     call.download(*b);
     check_sm90(*b);
   }
@@ -1434,8 +1440,8 @@ TEST(Sm90Workspace, NeverAbove128MiB) {
 
 // One shape per route: the few-rows kernel (H x q_len <= 32), the seesaw kernel on the balanced
 // schedule with tiles that span two tokens (H 32, q_len 3) and with a split request (partials and
-// the combine), its direct split (one request), and v0 (an fp8 cache). Request 0 has two or more
-// query tokens; its token 0 does not see the last key.
+// the combine), its direct split (one request), and the SIMT kernel (an fp8 cache). Request 0 has
+// two or more query tokens; its token 0 does not see the last key.
 struct NanRoute {
   const char* name;
   Case c;
@@ -1459,7 +1465,7 @@ std::vector<NanRoute> nan_routes() {
   add("seesaw_tiles_span_tokens", 3, 32, 3, {150, 7, 0});
   add("seesaw_split", 3, 128, 2, {9000, 70, 0});
   add("seesaw_direct", 1, 64, 2, {3000});
-  add("v0_fp8", 3, 16, 2, {150, 7, 0}, kFp8);
+  add("simt_fp8", 3, 16, 2, {150, 7, 0}, kFp8);
   return routes;
 }
 

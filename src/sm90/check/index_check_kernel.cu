@@ -6,10 +6,10 @@
 // backend's order: seq_lens [B], cum_seq_lens_q [B + 2 checks], block_tables [B, max_pages],
 // sparse_topk_lens, sparse_indices [T, top_k], and for [B, 2, max_pages] tables row 1 against
 // row 0 [B, max_pages].
+#include "sm90/check/launch.h"
 #include "sm90/common.cuh"
-#include "sm90/decode/v0/launch.h"
 
-namespace mla::sm90::v0 {
+namespace mla::sm90::check {
 namespace {
 
 __device__ __forceinline__ void report(const IndexCheckParams& p, IndexCheck kind,
@@ -156,4 +156,4 @@ cudaError_t launch_index_check(const IndexCheckParams& params, cudaStream_t stre
   return launch(&index_check_kernel, dim3(132), dim3(256), 0, stream, pdl, params);
 }
 
-}  // namespace mla::sm90::v0
+}  // namespace mla::sm90::check

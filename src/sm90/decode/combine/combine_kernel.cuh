@@ -1,0 +1,320 @@
+// Combine kernel: merges the split partials of each (token, head) row into out and lse.
+//
+// Work: items (token t, R consecutive heads h0 .. h0 + R - 1, column chunk of 512 / chunks columns)
+// over every token, or with the balanced schedule over the tokens the plan kernel listed (the
+// others have one segment, whose out and lse the seesaw kernel wrote; a CTA stops at the first
+// record past the list). The grid is sized by occupancy, not by the items: each CTA takes items
+// blockIdx.x, blockIdx.x + gridDim.x, ... A row's splits are at [num_splits, T, H] or, with the
+// balanced schedule, where the token's schedule::Token says; the R rows of an item are consecutive
+// there. The CTA's threads form split groups of (128 / chunks) threads, 4 columns (one 8-byte
+// vector of the 16-bit o) of each of the item's rows each; group g takes splits g, g + G, g + 2G,
+// ... (G = groups per CTA). Rows per item (R > 1 only with one group) put more vectors in flight
+// where a row has few splits. With M = max over splits of the split max m_s (splits without keys
+// excluded), z_s the split's sum and o_s = bmm2_scale * acc_s / z_s its 16-bit partial (params.h):
+//   w_s = z_s * exp(m_s - M),  Z = sum_s w_s,  acc = sum_s w_s * o_s
+//   out = acc / (Z + exp(sink_h - M)),  lse = M + log(Z)
+// and an empty row (no split saw a key) gets out = 0, lse = -inf.
+//
+// Order of the sums (fixed by the shapes, so results are bitwise identical run to run): Z over
+// warp r's lanes for row r (split s on lane s % 32, then a butterfly); acc per group in split
+// order, then the groups in order 0 .. G-1.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/combine/launch.h"
+#include "sm90/decode/combine/traits.h"
+#include "sm90/decode/output.cuh"
+
+namespace mla::sm90::combine {
+
+// Four 16-bit values of type Out (the first in the low half of v.x) as floats.
+template <Elem Out>
+__device__ __forceinline__ float4 widen(uint2 v) {
+  if constexpr (Out == Elem::kBf16) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+  } else {
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+    const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
+template <Elem Out, int R>
+// NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
+// and resident CTAs are what hides it. Rows per item (one group: at most 128 threads) hold R
+// vectors per split; six CTAs of 128 threads per SM leave them 80 registers (64 spilled).
+__global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R == 1 ? 2 : 6)
+    combine_kernel(const __grid_constant__ DecodeKernelParams p, int chunks) {
+  constexpr int kL = kCombineL;
+  constexpr int kSplitsPerLane = kMaxSplits / 32;
+  constexpr int kPerBatch = kCombineBatch / R;  // splits per batch of loads, R vectors each
+  static_assert(kMaxSplits % 32 == 0, "warp r holds kMaxSplits / 32 splits per lane");
+  static_assert(R >= 1 && kCombineBatch % R == 0, "a batch holds whole splits");
+
+  __shared__ float weight[R][kMaxSplits];  // w_s per row, 0 for an empty split
+  // Each thread's group sum, for the final merge (one row per item where there are groups).
+  __shared__ float4 part[R == 1 ? kCombineMaxThreads : 1];
+  __shared__ float row_max[R], row_z[R];
+
+  // ---- prologue: indices only ----
+  const int group_threads = (kL / 4) / chunks;
+  const int groups = blockDim.x / group_threads;
+  const int g = threadIdx.x / group_threads;
+  const int lane_in_group = threadIdx.x - g * group_threads;
+  const int head_groups = (p.num_heads + R - 1) / R;
+  const int per_token = head_groups * chunks;
+  // NOTE: 32-bit item indices: the host launches no combine of 2^30 items or more.
+  const bool listed = p.sched_tokens != nullptr;
+  const int items = p.num_tokens * per_token;
+
+  // One item: its (token, first head, columns, rows) and where its rows are (row r of split s at
+  // row + r + s * stride); splits < 0 past the combine's list (so is every later item of the CTA).
+  struct Item {
+    int t, h, chunk, c, rows, num_splits;
+    int64_t stride, row;
+  };
+  auto resolve = [&](int item) {
+    Item it;
+    const int token_item = item / per_token;
+    const int rest = item - token_item * per_token;
+    it.h = (rest % head_groups) * R;
+    it.rows = min(R, p.num_heads - it.h);
+    it.chunk = rest / head_groups;
+    it.c = it.chunk * (kL / chunks) + 4 * lane_in_group;
+    if (listed) {
+      const schedule::Token st = p.sched_tokens[token_item];
+      it.t = st.token;
+      it.num_splits = st.splits;
+      it.stride = st.stride;
+      it.row = st.base_row + it.h;
+    } else {
+      it.t = token_item;
+      it.num_splits = p.num_splits;
+      it.stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+      it.row = static_cast<int64_t>(it.t) * p.num_heads + it.h;
+    }
+    return it;
+  };
+  // NOTE: the first item is resolved before the wait, so that the partials' loads follow it at
+  // once; its record is safe to read: the plan kernel finished before the decode grid passed its
+  // own wait, which is before this grid could launch.
+  int item = blockIdx.x;
+  Item it{};
+  if (item < items) it = resolve(item);
+
+  pdl_wait();  // the partials come from the decode grid
+  pdl_launch_dependents();
+
+  for (; item < items; item += gridDim.x) {
+    if (item != static_cast<int>(blockIdx.x)) it = resolve(item);
+    if (it.num_splits < 0) break;
+    const int t = it.t, h = it.h, chunk = it.chunk, c = it.c, rows = it.rows;
+    const int num_splits = it.num_splits;
+    const int64_t stride = it.stride, row = it.row;
+    const uint16_t* o_base = static_cast<const uint16_t*>(p.partial_o) + row * kL + c;
+
+    // ---- the group's first batch of o: in flight while warps 0 .. R-1 find the weights ----
+    uint2 a[kCombineBatch];
+    auto load_batch = [&](int k0) {
+#pragma unroll
+      for (int j = 0; j < kPerBatch; ++j) {
+        const int s = g + (k0 + j) * groups;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (s < num_splits && r < rows) {
+            a[j * R + r] = __ldcs(reinterpret_cast<const uint2*>(o_base + (s * stride + r) * kL));
+          }
+        }
+      }
+    };
+    load_batch(0);
+
+    // ---- warp r: all split maxima of row r at once, M, the weights and Z ----
+    if (const int r = threadIdx.x / 32; r < rows) {
+      const int lane = threadIdx.x & 31;
+      const int64_t row_r = row + r;
+      float m_s[kSplitsPerLane], sum_s[kSplitsPerLane];
+      float m = kNegInf;
+#pragma unroll
+      for (int j = 0; j < kSplitsPerLane; ++j) {
+        const int s = lane + 32 * j;
+        m_s[j] = kNegInf;
+        sum_s[j] = 0.0f;
+        if (32 * j < num_splits) {  // NOTE: a warp-uniform bound: no loads past the last split
+          m_s[j] = s < num_splits ? __ldcs(&p.partial_max[s * stride + row_r]) : kNegInf;
+          sum_s[j] = s < num_splits ? __ldcs(&p.partial_sum[s * stride + row_r]) : 0.0f;
+        }
+        m = fmaxf(m, m_s[j]);
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+      float z = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSplitsPerLane; ++j) {
+        // NOTE: a split without a finite score has sum 0 (no key: weight 0) or NaN (NaN scores:
+        // the row turns NaN, contract section 1), so sum * 0 is its weight.
+        const float w = m_s[j] == kNegInf ? sum_s[j] * 0.0f : sum_s[j] * expf(m_s[j] - m);
+        z += w;
+        if (lane + 32 * j < num_splits) weight[r][lane + 32 * j] = w;
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d /= 2) z += __shfl_xor_sync(0xffffffffu, z, d);
+      if (lane == 0) {
+        row_max[r] = m;
+        row_z[r] = z;
+      }
+    }
+    __syncthreads();
+
+    // ---- the group's splits, kPerBatch x R vectors in flight at a time ----
+    float4 acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int k0 = 0; g + k0 * groups < num_splits; k0 += kPerBatch) {
+      if (k0 > 0) load_batch(k0);
+#pragma unroll
+      for (int j = 0; j < kPerBatch; ++j) {
+        const int s = g + (k0 + j) * groups;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (s < num_splits && r < rows) {
+            const float w = weight[r][s];
+            // NOTE: an empty split's o holds nothing (possibly garbage): never read it.
+            if (w != 0.0f) {
+              const float4 v = widen<Out>(a[j * R + r]);
+              acc[r].x = fmaf(v.x, w, acc[r].x);
+              acc[r].y = fmaf(v.y, w, acc[r].y);
+              acc[r].z = fmaf(v.z, w, acc[r].z);
+              acc[r].w = fmaf(v.w, w, acc[r].w);
+            }
+          }
+        }
+      }
+    }
+    if constexpr (R == 1) {
+      if (groups > 1) {
+        part[threadIdx.x] = acc[0];
+        __syncthreads();
+        if (g == 0) {
+          for (int k = 1; k < groups; ++k) {
+            const float4 b = part[k * group_threads + lane_in_group];
+            acc[0].x += b.x;
+            acc[0].y += b.y;
+            acc[0].z += b.z;
+            acc[0].w += b.w;
+          }
+        }
+      }
+    }
+
+    // ---- out and lse: group 0 ----
+    if (g == 0) {
+      using OT = ElemTraits<Out>;
+      auto* out = static_cast<typename OT::Storage*>(p.out);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          // NOTE: bmm2_scale is in o already; a non-finite one still turns the row NaN.
+          const float bmm2_ok = isfinite(bmm2_scale_of(p)) ? 1.0f : __int_as_float(0x7fffffff);
+          const RowOutput ro = row_output(bmm2_ok, sink_of(p, h + r), row_max[r], row_z[r]);
+          float4 v = acc[r];
+          if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
+          const int64_t o = out_offset(p, t, h + r) + c;
+          OT::store(out, o + 0, v.x * ro.scale);
+          OT::store(out, o + 1, v.y * ro.scale);
+          OT::store(out, o + 2, v.z * ro.scale);
+          OT::store(out, o + 3, v.w * ro.scale);
+          if (p.lse != nullptr && threadIdx.x == 0 && chunk == 0) {
+            p.lse[lse_offset(p, t, h + r)] = ro.lse;
+          }
+        }
+      }
+    }
+    __syncthreads();  // weight, part, row_max and row_z are the next item's
+  }
+}
+
+// The instantiation of combine_kernel<Out, R> for R = rows_per_item (1, 2 or 4).
+template <Elem Out>
+auto combine_kernel_for(int rows_per_item) {
+  return rows_per_item == 1   ? &combine_kernel<Out, 1>
+         : rows_per_item == 2 ? &combine_kernel<Out, 2>
+                              : &combine_kernel<Out, 4>;
+}
+
+// Resident CTAs per SM of combine_kernel<Out, rows_per_item> at `threads` threads (occupancy
+// API, cached).
+template <Elem Out>
+cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
+  static std::atomic<int> resident[kCombineMaxRows + 1][kCombineMaxThreads / 32 + 1];
+  std::atomic<int>& cached = resident[rows_per_item][(threads + 31) / 32];
+  per_sm = cached.load(std::memory_order_relaxed);
+  if (per_sm != 0) return cudaSuccess;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, combine_kernel_for<Out>(rows_per_item), threads, 0);
+  if (err != cudaSuccess) return err;
+  per_sm = std::max(per_sm, 1);
+  cached.store(per_sm, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+// The CTA shape: column chunks (1, 2, 4, 8) x split groups (kCombineBatch vectors in flight each)
+// x rows per item (1, 2, 4; more than one only with one group, and at most one row per warp),
+// picked by rounds x round trips per item: rounds = items over the CTAs resident at once, round
+// trips = the group's acc batches + 2 (the item's record and its split maxima, the out store);
+// the cheapest wins, fewer chunks, groups and rows on a tie. The grid: at most one wave of
+// resident CTAs.
+// NOTE: the kernel is latency-bound: a second round of CTAs costs a whole item's chain (~3.5 us at
+// B = 1), more than a second batch of loads (docs/sm90-combine.md); where rows have few splits,
+// rows per item fill the batch instead.
+template <Elem Out>
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
+                           bool pdl) {
+  const int splits = std::max(params.num_splits, 1);
+  int chunks = 1, threads = kCombineL / 4, per_sm = 1, rows_per_item = 1;
+  int64_t best = -1;
+  for (int c = 1; c <= 8; c *= 2) {
+    const int group_threads = (kCombineL / 4) / c;
+    const int min_groups = std::max(1, 32 / group_threads);
+    const int max_groups = kCombineMaxThreads / group_threads;
+    const int want =
+        std::clamp((splits + kCombineBatch - 1) / kCombineBatch, min_groups, max_groups);
+    for (int groups = min_groups; groups <= want; ++groups) {
+      for (int r = 1; r <= kCombineMaxRows; r *= 2) {
+        if (r > 1 && (groups > 1 || group_threads * groups < 32 * r)) break;
+        int resident = 0;
+        const cudaError_t err = combine_residency<Out>(r, group_threads * groups, resident);
+        if (err != cudaSuccess) return err;
+        const int64_t wave = static_cast<int64_t>(resident) * sm_count;
+        const int64_t items =
+            static_cast<int64_t>(params.num_tokens) * ((params.num_heads + r - 1) / r) * c;
+        const int64_t rounds = (items + wave - 1) / wave;
+        const int per_group = (splits + groups - 1) / groups;
+        const int per_batch = kCombineBatch / r;
+        const int64_t cost = rounds * ((per_group + per_batch - 1) / per_batch + 2);
+        if (best < 0 || cost < best) {
+          best = cost;
+          chunks = c;
+          threads = group_threads * groups;
+          per_sm = resident;
+          rows_per_item = r;
+        }
+      }
+    }
+  }
+  const int64_t items = static_cast<int64_t>(params.num_tokens) *
+                        ((params.num_heads + rows_per_item - 1) / rows_per_item) * chunks;
+  if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
+  // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
+  // that had nothing to do, docs/sm90-combine.md); the loop takes the items past a wave.
+  const int grid = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
+  return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,
+                params, chunks);
+}
+
+}  // namespace mla::sm90::combine

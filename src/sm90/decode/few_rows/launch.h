@@ -1,0 +1,22 @@
+// Host-side entry point of the few-rows decode kernel; definitions in few_rows_<e>_r<n>.cu.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "sm90/params.h"
+
+namespace mla::sm90::few_rows {
+
+// Query rows (token * H + head of one request) one CTA can hold: calls with H x max_q_len up to
+// this many rows per request run here, one tile per request.
+inline constexpr int kMaxRows = 32;
+
+// Computes the partials of every (split, token, head) exactly like tma::launch_seesaw (grid
+// (1, B, num_splits), same workspace layout and kv_cache tensor map), for calls whose requests
+// have at most kRows = 16 or 32 query rows; one explicit instantiation per (element type, kRows).
+template <Elem E, int kRows>
+cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                            cudaStream_t stream, bool pdl);
+
+}  // namespace mla::sm90::few_rows

@@ -1,0 +1,132 @@
+// Tile sizes, GMMA shapes and the shared-memory plan of the few-rows decode kernel.
+#pragma once
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sm90/params.h"
+
+namespace mla::sm90::few_rows {
+
+// The CuTe element type and the two GMMA atoms of each supported 16-bit format, for N = kRows
+// padded query rows. Both GEMMs are transposed against the seesaw kernel's: the 64 keys of a block
+// are M.
+template <Elem E, int kRows>
+struct GmmaOps;
+template <>
+struct GmmaOps<Elem::kBf16, 16> {
+  using Type = cute::bfloat16_t;
+  // S^T = K Q^T: A = K block (K-major), B = Q tile (K-major).
+  using QkAtom =
+      cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  // O^T += V^T P^T: A = V^T, the K block's first 512 columns read MN-major; B = P (K-major).
+  using PvAtom =
+      cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+template <>
+struct GmmaOps<Elem::kBf16, 32> {
+  using Type = cute::bfloat16_t;
+  using QkAtom =
+      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using PvAtom =
+      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+template <>
+struct GmmaOps<Elem::kFp16, 16> {
+  using Type = cute::half_t;
+  using QkAtom =
+      cute::SM90::GMMA::MMA_64x16x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using PvAtom =
+      cute::SM90::GMMA::MMA_64x16x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+template <>
+struct GmmaOps<Elem::kFp16, 32> {
+  using Type = cute::half_t;
+  using QkAtom =
+      cute::SM90::GMMA::MMA_64x32x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using PvAtom =
+      cute::SM90::GMMA::MMA_64x32x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
+};
+
+// Named barriers (id 0 is __syncthreads). Per-consumer barriers are `first + consumer index`.
+enum class NamedBarrier : uint32_t {
+  kConsumers = 1,  // both consumer warpgroups (256 threads)
+  kMaxFirst = 2,   // block maxima of consumer warpgroup 0 exchanged between its 4 warps (128)
+  kMaxSecond = 3,
+  kPFirst = 4,  // P of consumer warpgroup 0 stored (128 threads)
+  kPSecond = 5,
+  kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
+  kVoteSecond = 7,
+};
+
+template <Elem E, int kRowsN>
+struct FewRowsTraits {
+  using Ops = GmmaOps<E, kRowsN>;
+  using T = typename Ops::Type;
+
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kRows = kRowsN;  // padded query rows per CTA (GEMM N)
+  static constexpr int kKeys = 64;      // keys per block (one pipeline stage, GEMM M of S^T)
+  static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
+  static constexpr int kL = 512;        // value width
+  // Consumer c takes every block of parity c with its own online softmax; stage s holds the
+  // blocks of parity s.
+  static constexpr int kStages = 2;
+  static constexpr int kChunkCols = 64;  // one 128-byte swizzle atom row of 16-bit values
+  static constexpr int kChunks = kD / kChunkCols;
+  // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
+  // chunks 4..8 after the second half (both released by the stage's one consumer).
+  static constexpr int kLeftChunks = 4;
+  static constexpr int kColsPerThread = kRows / 4;  // query rows per thread in a 64 x N fragment
+  static_assert(kChunks == kL / kChunkCols + 1, "one rope chunk of 64 columns");
+  static_assert(kRows == 16 || kRows == 32, "N of the GMMA atoms instantiated above");
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+
+  // Shared-memory layouts: 64-column chunks of 128-byte-swizzled rows, chunk after chunk; a TMA
+  // box of 64 columns x n rows with the 128-byte swizzle writes exactly these bytes.
+  using SmemLayoutQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                   cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
+                                                   cute::Shape<cute::Int<kKeys>, cute::Int<kD>>{}));
+  // V^T (L x keys) is the K block's first 512 columns read MN-major: the same bytes.
+  using SmemLayoutV = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
+                                                   cute::Shape<cute::Int<kL>, cute::Int<kKeys>>{},
+                                                   cute::Step<cute::_2, cute::_1>{}));
+  // P (rows x keys), the B operand P^T read K-major.
+  using SmemLayoutP = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<T>{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
+
+  using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
+  using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
+
+  struct alignas(1024) SharedMemoryPlan {
+    alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
+    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK (V^T: SmemLayoutV)
+    alignas(1024) T p[2][kRows * kKeys];     // [consumer] P of its block, SmemLayoutP
+    float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
+    float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
+    float final_max[2][kRows];      // [consumer] running max at the end
+    int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
+    float out_scale[kRows];         // partial_o, and what its O is multiplied by
+    const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
+    uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
+    uint64_t empty_l[kStages];        // chunks 0..3 consumed: one arrive per consumer warp
+    uint64_t empty_r[kStages];        // chunks 4..8 consumed: one arrive per consumer warp
+  };
+  // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
+  static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
+  // At the end stage c holds consumer c's O^T as [kRows][kMergeStride] fp32; the 4 floats of
+  // padding put the 4 column pairs of a warp's stores in different banks.
+  static constexpr int kMergeStride = kL + 4;
+  static_assert(kMergeStride * kRows * sizeof(float) <= sizeof(T) * kKeys * kD, "merge buffer");
+};
+
+}  // namespace mla::sm90::few_rows

@@ -1,7 +1,0 @@
-// Few-rows decode kernel, query and kv_cache bf16, 16 padded query rows.
-#include "sm90/decode/rows/few_rows_kernel.cuh"
-
-namespace mla::sm90::rows {
-template cudaError_t launch_few_rows<Elem::kBf16, 16>(const DecodeKernelParams&, const CUtensorMap&,
-                                                      cudaStream_t, bool);
-}  // namespace mla::sm90::rows

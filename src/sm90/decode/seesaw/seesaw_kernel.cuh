@@ -1,0 +1,742 @@
+// Seesaw decode kernel: the TMA pipeline (tma/) with each consumer scoring whole blocks in turn.
+//
+// Grid mapping: blockIdx.x = tile of 64 query rows of a request (row = token * H + head; rows past
+// the request's n_b * H are zero padding), blockIdx.y = part of the balanced schedule (params.h,
+// schedule::Request; planned on the device by schedule_kernel.cu): the CTA walks its part's
+// segments (one run of 64-key blocks of one request each) in order and writes each segment's
+// partial (max, sum, o = bmm2 O / sum in the out type: params.h) of its rows, which the combine
+// kernel merges, or, for a request of one segment, its rows of out and lse. The grid is one wave.
+// Direct split (kDirect; a call of one request, no plan kernel): blockIdx.y = run of equal runs
+// of the tile's blocks, one segment per CTA (tma::SplitCursor), partials in the uniform layout.
+//
+// Warpgroup roles (384 threads):
+//   WG0 producer: one K block (64 keys x 576) per stage of a 2-stage ring, its TMA boxes issued by
+//     one thread per page piece of a block (chunk_producer.cuh, producer_issuers).
+//   WG1, WG2 consumers: consumer c computes the whole S = Q K^T of every block of parity c (the
+//     split's blocks taken in rounds of two: block 2r to consumer 0, block 2r + 1 to consumer 1),
+//     its softmax against the running max handed over by the other consumer, and writes P into the
+//     block's rope chunk for the other consumer. Consumer c owns O[:, 256c : 256c + 256] and
+//     applies both blocks' P V to it, its own block's with P from registers. One consumer's
+//     softmax runs while the other's GEMMs keep the tensor cores busy.
+// Per round, with m the running max and the hand-offs through shared memory:
+//   c0: S0; m0 = max(m, rowmax S0), a0 = exp2(m - m0), P0 = exp2(S0 - m0) -> c1
+//       O_L = a0 O_L + P0 V0_L;                         (waits for c1) O_L = a1 O_L + P1 V1_L
+//   c1: S1;                  (waits for c0) O_R = a0 O_R + P0 V0_R  while
+//       m1 = max(m0, rowmax S1), a1 = exp2(m0 - m1), P1 = exp2(S1 - m1) -> c0; O_R = a1 O_R + P1
+//       V1_R
+// (max(m, x) here: x where it exceeds m by more than kMaxSlack, else m.)
+// Longer rationale: docs/sm90-seesaw.md (the max rule: Softmax).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <array>
+#include <atomic>
+#include <climits>
+#include <type_traits>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/output.cuh"
+#include "sm90/decode/seesaw/launch.h"
+#include "sm90/decode/seesaw/traits.h"
+#include "sm90/decode/tma/chunk_producer.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+
+namespace mla::sm90::seesaw {
+
+using tma::fence_proxy_async_smem;
+using tma::mbar_arrive;
+using tma::mbar_wait;
+using tma::named_barrier_and;
+using tma::named_barrier_arrive;
+using tma::named_barrier_sync;
+
+__device__ __forceinline__ uint32_t barrier_id(NamedBarrier b) { return static_cast<uint32_t>(b); }
+
+// Two values rounded to nearest in the 16-bit type T, the first in the low half: one F2FP.
+// NOTE: with two 16-bit conversions ptxas packed the pair the other way round and swapped the
+// halves (a PRMT per word) when the word was also a wgmma operand.
+template <typename T>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  uint32_t word;
+  if constexpr (std::is_same_v<T, cute::half_t>) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  } else {
+    static_assert(std::is_same_v<T, cute::bfloat16_t>, "16-bit element types");
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(hi), "f"(lo));
+  }
+  return word;
+}
+
+// Where row r (< kRows) of a one-segment request's tile goes: its offsets in out and lse, its
+// head's sink, and the bmm2 scale (the segment's end turns it into the row's out scale).
+template <typename Plan>
+__device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& smem,
+                                            const tma::TileWork& w, int tile_rows, int r) {
+  int64_t out_row = -1, lse_row = -1;
+  float sink = kNegInf;
+  int t, h;
+  if (r < tile_rows && row_token(p, w.row0 + r, w.token0, t, h)) {
+    out_row = out_offset(p, t, h);
+    if (p.lse != nullptr) lse_row = lse_offset(p, t, h);
+    sink = sink_of(p, h);
+  }
+  smem.out_row[r] = out_row;
+  smem.lse_row[r] = lse_row;
+  smem.out_sink[r] = sink;
+  smem.out_scale[r] = bmm2_scale_of(p);
+}
+
+// kClean: the tile's rows may attend the request's draft keys unequally (a custom mask, or tiles
+// that span two tokens: H not a multiple of 64 with q_len > 1). Their V rows then lose non-finite
+// values once S is computed, and an attended -inf score becomes NaN (tma::clean_v_rows): a NaN or
+// inf in a draft key reaches exactly the rows that attend it (contract section 1). Other calls
+// run without the extra code.
+template <Elem E, bool kDirect, bool kPair, bool kClean>
+__global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
+    seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
+                  const __grid_constant__ CUtensorMap kv_map) {
+  using namespace cute;
+  using Traits = SeesawTraits<E>;
+  using T = typename Traits::T;
+  using Plan = typename Traits::SharedMemoryPlan;
+  using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
+  static_assert(!(kDirect && kPair),
+                "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
+  static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
+  constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
+  constexpr float kMaxSlack = 8.0f;  // base 2
+
+  extern __shared__ uint8_t smem_raw[];
+  Plan& smem = shared_plan<Plan>(smem_raw);
+
+  pdl_wait();  // inputs may come from the previous grid in the stream
+  pdl_launch_dependents();
+
+  const int issuers = tma::producer_issuers<Traits>(p);
+  tma::init_ring_barriers<Traits, kPair>(smem, issuers);
+  // kPair: the other CTA of the cluster (tile blockIdx.x ^ 1) walks the same blocks.
+  const uint32_t rank = kPair ? tma::cluster_ctarank() : 0;
+
+  // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
+  // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
+  // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
+  // docs/sm90-seesaw.md, Resources).
+  const int wg = cutlass::canonical_warp_group_idx();
+  if (wg == 0) {
+    // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
+    // page piece q ----
+    tma::regs_dealloc<Traits::kProducerRegs>();
+    const int piece = threadIdx.x / 32;
+    if (piece < issuers && threadIdx.x % 32 == 0) {
+      tma::prefetch_tensor_map(&kv_map);
+      uint32_t used0 = 0, used1 = 0;  // blocks each stage has held (its barriers' phase)
+      Cursor cursor;
+      cursor.begin(p);
+      tma::TileWork w;
+      int64_t partial_row0;
+      while (cursor.next(p, w, partial_row0)) {
+        if (w.block_begin >= w.block_end) continue;
+        tma::produce_chunks<Traits, kDirect, kPair>(p, w, &kv_map, smem, piece, used0, used1, rank);
+        const uint32_t n = w.block_end - w.block_begin;
+        used0 += (n + 1) / 2;
+        used1 += n / 2;
+      }
+      if constexpr (kPair) tma::drain_pair_ring<Traits>(smem, used0, used1);
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  tma::regs_alloc<Traits::kConsumerRegs>();
+  const int cw = wg - 1;                    // consumer index: its block parity and O half
+  const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
+  const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
+  const int lane = threadIdx.x & 31;
+  // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
+  if constexpr (kDirect) {
+    tma::prefetch_query_rows<kRows, Traits::kConsumerThreads>(p, 0, blockIdx.x * kRows, ctid);
+  }
+
+  typename Traits::TiledMmaQk mma_qk;
+  typename Traits::TiledMmaPv mma_pv;
+  typename Traits::TiledMmaPvRs mma_pv_own;
+  auto thr_qk = mma_qk.get_thread_slice(wtid);
+  auto thr_pv = mma_pv.get_thread_slice(wtid);
+  auto thr_pv_own = mma_pv_own.get_thread_slice(wtid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
+
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<Traits::kColsPerWg>>{});
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
+  Tensor tOcO =
+      thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
+  // P of this consumer's own block in 16 bits, the A operand of its own P V (read from registers,
+  // not from the rope chunk the other consumer reads it from).
+  Tensor tOrPown = thr_pv_own.partition_fragment_A(make_tensor(
+      make_smem_ptr(smem.k[0] + Traits::kRopeChunkOffset), typename Traits::SmemLayoutP{}));
+  Tensor tOrPown32 = recast<uint32_t>(tOrPown);
+  static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128 &&
+                    size(decltype(tOrPown){}) == 32,
+                "GMMA fragments");
+
+  // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
+  int my_row[2];
+  my_row[0] = get<0>(tScS(0));
+  my_row[1] = get<0>(tScS(2));
+  const float bmm1_scale = bmm1_scale_of(p);
+  const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
+
+  uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
+  // A one-segment request's out rows leave the query tile's bytes by bulk copies that threads
+  // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
+  bool out_copies_pending = false;
+  Cursor cursor;
+  cursor.begin(p);
+  tma::TileWork w;
+  int64_t partial_row0;
+  while (cursor.next(p, w, partial_row0)) {
+    const int tile_rows = min(kRows, w.rows - w.row0);
+    if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
+      if (w.whole) {
+        store_empty_rows(p, w.row0, tile_rows, w.token0, ctid, Traits::kConsumerThreads);
+      } else {
+        tma::store_empty_partial(p, partial_row0, tile_rows, ctid);
+      }
+      continue;
+    }
+
+    // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
+    // both consumers passed its final barrier. While the loads are in flight, a one-segment
+    // request's rows find their places in out and lse, so that its end is short.
+    {
+      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads>(
+          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+          [] {
+            named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+          },
+          [&] {
+            if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+            if (out_copies_pending) {
+              if (ctid < kRows) tma_store_wait<0>();
+              named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+              out_copies_pending = false;
+            }
+          });
+      fence_proxy_async_smem();
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    }
+    clear(tOrO);
+    // NOTE: without this fence the direct split's instantiation serializes every wgmma (C7515):
+    // the compiler knows O is zero across the first P V.
+    warpgroup_fence_operand(tOrO);
+
+    tma::RowRule rule[2];
+    bool row_valid[2];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int r = my_row[s];
+      row_valid[s] = r < tile_rows;
+      const int i = (w.row0 + r) / p.num_heads;  // token of the row
+      rule[s].first_query = w.seq_len - w.n;
+      rule[s].mask = nullptr;
+      if (!row_valid[s]) {
+        rule[s].limit = 0;
+      } else if (p.mask != nullptr) {
+        rule[s].limit = w.seq_len;
+        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+        rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+      } else {
+        rule[s].limit = max(0, w.seq_len - w.n + i + 1);
+      }
+    }
+    // Blocks that end at or below this key take the softmax without per-score mask and scale.
+    // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and their
+    // O, max and sum are never stored; counting them (limit 0) put every block of a warp with a
+    // padding row on the masked path (H96: +30%, docs/sm90-seesaw.md, Softmax).
+    // The first key some row of the tile does not attend (its first token's limit; with a mask,
+    // the first draft key) bounds it too: blocks past it take the masked path in every thread, and
+    // their V rows from it on are cleaned (tma::clean_v_rows).
+    // NOTE: without kClean the code below is exactly what it was before cleaning existed: its
+    // mere presence cost the hot shapes 1-2% (docs/sm90-seesaw.md, Non-finite inputs).
+    const int tile_limit =
+        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
+    int unmasked_limit =
+        min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
+    if constexpr (kClean) unmasked_limit = min(unmasked_limit, tile_limit);
+
+    const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
+    const float skip_threshold =
+        skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(w.seq_len)) : 0.0f;
+
+    float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
+    float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
+
+    // O half += P V half of the block in `stage` (P in its rope chunk); issued, not waited for.
+    auto pv_gemm = [&](int stage) {
+      Tensor sP = make_tensor(make_smem_ptr(smem.k[stage] + Traits::kRopeChunkOffset),
+                              typename Traits::SmemLayoutP{});
+      Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
+      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+      Tensor sV_half =
+          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+      Tensor tOrV = thr_pv.partition_fragment_B(sV_half);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrP); ++k)
+        cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+      warpgroup_commit_batch();
+    };
+    // The same for this consumer's own block, P from tOrPown.
+    // NOTE: one generic lambda for both (the MMA, slice and A fragments as arguments) took the
+    // descriptors out of uniform registers: 16 more R2UR in the round loop (2,054 -> 2,070).
+    auto pv_gemm_own = [&](int stage) {
+      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+      Tensor sV_half =
+          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+      Tensor tOrV = thr_pv_own.partition_fragment_B(sV_half);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOrPown); ++k)
+        cute::gemm(mma_pv_own, tOrPown(_, _, k), tOrV(_, _, k), tOrO);
+      warpgroup_commit_batch();
+    };
+    // This thread's share of its own block's sum of P (in tSrS, fp32) into row_sum.
+    auto add_row_sums = [&] {
+      CUTE_UNROLL
+      for (int v = 0; v < size(tSrS); ++v) row_sum[(v >> 1) & 1] += tSrS(v);
+    };
+    auto rescale_o = [&](const float(&factor)[2]) {
+      // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
+      // rows all kept their max skips the 128 multiplies.
+      if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
+    };
+    // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
+    // consumer 0; V_R and P for consumer 1) are done.
+    // NOTE: elect.sync, not lane == 0: ptxas re-read the thread index (S2R) before each arrive.
+    // kPair: the other CTA's producer refills this stage too (multicast): it gets the arrive too.
+    auto release = [&](int stage) {
+      __syncwarp();
+      if (cute::elect_one_sync()) {
+        uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
+        mbar_arrive(bar);
+        if constexpr (kPair) tma::mbar_arrive_cluster(bar, rank ^ 1);
+      }
+    };
+
+    // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
+    // released); warpgroup-uniform.
+    bool deferred = false;
+    const int num_blocks = w.block_end - w.block_begin;
+    for (int round = 0; 2 * round < num_blocks; ++round) {
+      const int par = round & 1;
+      const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
+      const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
+      ++uses[0];
+      if (has_odd) ++uses[1];
+      const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
+      const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
+      T* k_stage = smem.k[cw];
+      float m_in[2], a_in[2];  // running max before this consumer's block, and the previous factor
+
+      if (mine) {
+        // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over the
+        // whole block, each 64-column chunk issued as it lands ----
+        Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);
+        tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
+          // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
+          warpgroup_commit_batch();
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tOrO);
+          if (deferred) release(1);
+          deferred = false;
+        });
+      }
+
+      if (cw == 1) {
+        // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
+        named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          m_in[s] = smem.max[par][0][my_row[s]];
+          a_in[s] = smem.scale[par][0][my_row[s]];
+          row_sum[s] *= a_in[s];
+        }
+        warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+        warpgroup_fence_operand(tOrO);
+        rescale_o(a_in);
+        pv_gemm(0);
+      } else {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+      }
+
+      if (mine) {
+        // ---- mask; row max over the block (scaled, base 2) ----
+        // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
+        // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+        const bool unmasked =
+            p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+        const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
+        float block_max[2] = {kNegInf, kNegInf};
+        if (unmasked) {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+          }
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            const int j = key0 + get<1>(tScS(v));
+            // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
+            // turn (contract section 1; the key's V row may have been cleaned).
+            float s;
+            if constexpr (kClean) {
+              s = kNegInf;
+              if (rule[slot].attends(j)) {
+                s = tSrS(v) * score_scale;
+                if (s == kNegInf) s = __int_as_float(0x7fffffff);
+              }
+            } else {
+              s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+            }
+            tSrS(v) = s;
+            block_max[slot] = fmaxf(block_max[slot], s);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+          block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
+        }
+
+        // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
+        if (skip_softmax) {
+          bool negligible = true;
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            negligible =
+                negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+          }
+          const uint32_t vote_id =
+              barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
+          if (named_barrier_and(vote_id, 128, negligible)) {
+            block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
+          }
+        }
+
+        // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
+        float m_new[2], a_new[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          // NOTE: the running max moves only where the block's exceeds it by more than
+          // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
+          // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
+          m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
+          const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
+          a_new[s] = exp2f(m_in[s] - m_use);
+          // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
+          // of 1 leaves them so and lets its warp skip the rescale.
+          if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+          block_max[s] = m_use;
+          row_sum[s] *= a_new[s];
+        }
+        // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
+        // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
+        // Schedule of one segment).
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
+        }
+
+        // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+        {
+          // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
+          // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
+          // Precision).
+          uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); v += 2) {
+            tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+          }
+          // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r + 8
+          // of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled chunk.
+          {
+            const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            const uint32_t p_row =
+                static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
+              tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                               tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
+            }
+          }
+          // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
+          // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
+          const int valid = min(kKeys, w.extent - key0);
+          // kClean: from the first key some row of the tile does not attend (tile_limit).
+          const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
+          if constexpr (kClean) {
+            if (clean0 < kKeys) {
+              tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                                Traits::kL / Traits::kChunkCols, clean0, valid,
+                                std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
+            }
+          } else if (valid < kKeys) {
+            uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
+            constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
+            const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
+            for (int e = wtid; e < n; e += 128) {
+              const int piece = e & 7, rest = e >> 3;
+              const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
+              *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
+                  make_uint4(0, 0, 0, 0);
+            }
+          }
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              smem.max[par][cw][my_row[s]] = m_new[s];
+              smem.scale[par][cw][my_row[s]] = a_new[s];
+            }
+          }
+          fence_proxy_async_smem();
+          // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
+          // registers): sync the warpgroup there. The hand-off orders every thread's stores before
+          // the other consumer's reads.
+          if (clean0 < kKeys) {
+            named_barrier_sync(
+                barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+          }
+          named_barrier_arrive(
+              barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
+              Traits::kConsumerThreads);
+        }
+
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
+        if (cw == 0) {
+          // ---- O_L = a0 O_L + P0 V0_L ----
+          // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
+          // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          rescale_o(a_new);
+          pv_gemm_own(0);
+          add_row_sums();
+          // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
+          // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(0);
+        } else {
+          // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(0);
+          rescale_o(a_new);
+          pv_gemm_own(1);
+          add_row_sums();
+        }
+      } else {
+        // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+      }
+
+      if (cw == 0 && has_odd) {
+        // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
+        named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
+        float a1[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          row_max[s] = smem.max[par][1][my_row[s]];
+          a1[s] = smem.scale[par][1][my_row[s]];
+          row_sum[s] *= a1[s];
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        rescale_o(a1);
+        pv_gemm(1);
+      }
+      // Drain this round's last P V: the stage it read goes back to the producer.
+      // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
+      // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes back
+      // after that chunk's k steps are issued (the hook above). Where the chunk has not landed,
+      // waiting for it first would hold stage 1 back.
+      if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
+        // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
+        // warp-uniform branch (else it serializes every wgmma: C7520).
+        deferred = __all_sync(0xffffffffu,
+                              named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
+                                                tma::mbar_test(&smem.full[0][0], uses[0] & 1)));
+      }
+      if (!deferred) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (cw == 0) {
+          if (has_odd) release(1);
+        } else {
+          release(mine ? 1 : 0);
+        }
+      }
+    }
+
+    warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+    warpgroup_fence_operand(tOrO);
+
+    // ---- row sums over both consumers ----
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
+      if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
+    }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
+    // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
+    // o = bmm2 O / sum in the out type); O is scaled and rounded into the query tile (free: this
+    // segment's GEMMs are done), then each row leaves by one bulk copy (or, for out where its
+    // layout does not allow it, 16-byte stores) ----
+    // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed a whole
+    // request's rows).
+    if (cw == 0 && (lane & 3) < 2) {
+      const bool second = (lane & 1) != 0;
+      const int r = second ? my_row[1] : my_row[0];
+      const float mx = second ? row_max[1] : row_max[0];
+      const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
+      const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
+      float scale = 0.0f;  // padding rows, tokens outside [0, T) and empty rows: 0, not written
+      if (w.whole) {
+        if (smem.out_row[r] >= 0) {
+          const RowOutput ro = row_output(smem.out_scale[r], smem.out_sink[r], m, z);
+          if (smem.lse_row[r] >= 0) p.lse[smem.lse_row[r]] = ro.lse;
+          scale = ro.scale;
+        }
+      } else if (r < tile_rows) {
+        p.partial_max[partial_row0 + r] = m;
+        p.partial_sum[partial_row0 + r] = z;
+        if (z != 0.0f) scale = __fdiv_rn(bmm2_scale_of(p), z);
+      }
+      smem.out_scale[r] = scale;
+    }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
+    {
+      float scale[2];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) scale[s] = smem.out_scale[my_row[s]];
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); v += 2) {
+        const float f = scale[(v >> 1) & 1];  // NOTE: a row without a key gets 0, whatever O holds
+        const int r = get<0>(tOcO(v)), c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
+        *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
+            pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
+      }
+    }
+    if (!w.whole || p.out_vec16) {
+      fence_proxy_async_smem();  // the staged rows, for the bulk copies
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      if (ctid < kRows) {
+        uint16_t* dst = nullptr;
+        if (w.whole) {
+          const int64_t o = smem.out_row[ctid];
+          if (o >= 0) dst = static_cast<uint16_t*>(p.out) + o;
+        } else if (ctid < tile_rows) {
+          dst = static_cast<uint16_t*>(p.partial_o) + (partial_row0 + ctid) * Traits::kL;
+        }
+        if (dst != nullptr) {
+          SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, Traits::kL * 2);
+        }
+        tma_store_arrive();
+      }
+      out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
+    } else {
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
+      for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
+        const int r = e / kPieces, piece = e - r * kPieces;
+        const int64_t o = smem.out_row[r];
+        if (o >= 0) {
+          store_out8(p, o + piece * 8,
+                     *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
+        }
+      }
+      // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
+      // barrier in load_query_tile_rows.
+    }
+  }  // segments
+  // The shared memory the last out rows are copied from stays until they have been read.
+  if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
+}
+
+template <Elem E>
+int pair_clusters_resident() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> resident{};  // count + 1; 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
+  const int known = resident[device].load();
+  if (known > 0) return known - 1;
+  auto* kernel = &seesaw_kernel<E, false, true, false>;
+  int count = 0;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         SeesawTraits<E>::kSmemBytes);
+  if (err == cudaSuccess) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(2, 1);
+    config.blockDim = dim3(SeesawTraits<E>::kThreads);
+    config.dynamicSmemBytes = SeesawTraits<E>::kSmemBytes;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = 2;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    err = cudaOccupancyMaxActiveClusters(&count, kernel, &config);
+  }
+  if (err != cudaSuccess) {
+    count = 0;                 // the launch runs unpaired
+    (void)cudaGetLastError();  // and does not report this query's error as its own
+  }
+  resident[device].store(count + 1);
+  return count;
+}
+
+template <Elem E>
+cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                          int num_tiles, bool direct_split, bool pair, bool clean,
+                          cudaStream_t stream, bool pdl) {
+  using Traits = SeesawTraits<E>;
+  constexpr size_t smem = Traits::kSmemBytes;
+  const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
+  if (pair && (direct_split || clean)) return cudaErrorInvalidValue;  // not instantiated
+  auto* kernel =
+      direct_split
+          ? (clean ? &seesaw_kernel<E, true, false, true> : &seesaw_kernel<E, true, false, false>)
+      : pair  ? &seesaw_kernel<E, false, true, false>
+      : clean ? &seesaw_kernel<E, false, false, true>
+              : &seesaw_kernel<E, false, false, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
+                            params, kv_map);
+}
+
+}  // namespace mla::sm90::seesaw

@@ -1,0 +1,7 @@
+// SIMT decode kernel, query bf16, kv_cache bf16.
+#include "sm90/decode/simt/simt_kernel.cuh"
+
+namespace mla::sm90::simt {
+template cudaError_t launch_simt<Elem::kBf16, Elem::kBf16>(const DecodeKernelParams&, cudaStream_t,
+                                                           bool);
+}  // namespace mla::sm90::simt

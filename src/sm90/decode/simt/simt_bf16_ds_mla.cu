@@ -1,0 +1,7 @@
+// SIMT decode kernel, query bf16, kv_cache fp8_ds_mla (656-byte rows).
+#include "sm90/decode/simt/simt_kernel.cuh"
+
+namespace mla::sm90::simt {
+template cudaError_t launch_simt<Elem::kBf16, Elem::kFp8DsMla>(const DecodeKernelParams&,
+                                                               cudaStream_t, bool);
+}  // namespace mla::sm90::simt

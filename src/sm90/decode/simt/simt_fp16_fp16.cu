@@ -1,0 +1,7 @@
+// SIMT decode kernel, query fp16, kv_cache fp16.
+#include "sm90/decode/simt/simt_kernel.cuh"
+
+namespace mla::sm90::simt {
+template cudaError_t launch_simt<Elem::kFp16, Elem::kFp16>(const DecodeKernelParams&, cudaStream_t,
+                                                           bool);
+}  // namespace mla::sm90::simt

@@ -1,0 +1,180 @@
+// The K-block ring of the TMA kernels, loaded (producer) and multiplied (chunked_gemm) by chunks.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+
+namespace mla::sm90::tma {
+
+// Producer threads that issue the ring's TMA boxes: one per page piece of a 64-key block (lane 0
+// of producer warps 0 .. n - 1; 4 at page 16, 2 at page 32, 1 from page 64 up), so that small pages
+// do not put 4x the boxes on one thread's dependent issue sequence (docs/sm90-seesaw.md, Pipeline).
+template <typename Traits>
+__device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
+  static_assert(Traits::kKeys / 16 <= 4, "pages of >= 16 keys: at most one issuer per warp of WG0");
+  return Traits::kKeys / min(Traits::kKeys, p.page_size);
+}
+
+// The ring's barriers: one full barrier per chunk of each stage (one arrival per issuer, with its
+// transaction bytes), and per stage one empty barrier per consumer half (one arrive per consumer
+// warp; kPair: per consumer warp of both CTAs of the pair, whose producers both fill this ring).
+template <typename Traits, bool kPair = false>
+__device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
+                                                   int issuers) {
+  constexpr uint32_t kReleases = (kPair ? 2 : 1) * 128 / 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Traits::kStages; ++s) {
+      for (int c = 0; c < Traits::kChunks; ++c) mbar_init(&smem.full[s][c], issuers);
+      mbar_init(&smem.empty_l[s], kReleases);
+      mbar_init(&smem.empty_r[s], kReleases);
+    }
+    fence_mbar_init();
+  }
+  // NOTE: the pair's barriers take the other CTA's arrivals and boxes from here on.
+  if constexpr (kPair) {
+    cluster_sync_relaxed();
+  } else {
+    __syncthreads();
+  }
+}
+
+struct NoHook {
+  __device__ void operator()() const {}
+};
+
+// C = A B over a K block whose 64-column chunks land one by one: each chunk's k steps are issued
+// once its full barrier (`full[c]`, phase `phase`) has completed; waits for the result. A and B are
+// the GEMM's fragments over the block's k steps (kChunks x 4 each). `after_first_chunk` runs once
+// the first chunk's k steps are issued (they are not committed yet).
+template <typename Traits, typename Mma, typename FragA, typename FragB, typename Accum,
+          typename Hook = NoHook>
+__device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const FragB& b, Accum& c,
+                                             uint64_t* full, uint32_t phase,
+                                             Hook after_first_chunk = {}) {
+  constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
+  static_assert(decltype(cute::size<2>(a))::value == Traits::kChunks * kStepsPerChunk, "k steps");
+  cute::warpgroup_fence_operand(c);
+  mma.accumulate_ = cute::GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < cute::size<2>(a); ++k) {
+    if (k % kStepsPerChunk == 0) {
+      mbar_wait(&full[k / kStepsPerChunk], phase);
+      cute::warpgroup_arrive();
+    }
+    cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);
+    mma.accumulate_ = cute::GMMA::ScaleOut::One;
+    if (k == kStepsPerChunk - 1) after_first_chunk();
+  }
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<0>();
+  cute::warpgroup_fence_operand(c);
+}
+
+// An empty split's partial rows [row0, row0 + rows): max -inf, sum 0 (its acc is never read).
+// Thread `tid` writes row row0 + tid (threads 0 .. rows - 1 of the caller's group take part).
+__device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p, int64_t row0,
+                                                    int rows, int tid) {
+  if (tid < rows) {
+    p.partial_max[row0 + tid] = kNegInf;
+    p.partial_sum[row0 + tid] = 0.0f;
+  }
+}
+
+// Loads the split's 64-key blocks into the ring, block it into stage it % kStages: this issuer's
+// page piece `piece` (keys piece * page_rows .. + page_rows of every block; see producer_issuers)
+// of every chunk. Each chunk (64 keys x 64 columns, one TMA box per page) completes its own full
+// barrier once every issuer has arrived and its boxes have landed, so the S GEMM can start on the
+// first chunk. The V_L chunks are refilled as soon as consumer 0 releases them (empty_l), the V_R
+// chunks and the rope chunk once consumer 1 has too (empty_r).
+// `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
+// barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
+// kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
+// split only: docs/sm90-seesaw.md, the direct split).
+// kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
+// the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
+// chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-seesaw.md,
+// Pairs).
+template <typename Traits, bool kEvictFirst = false, bool kPair = false>
+__device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, const TileWork& w,
+                                               const CUtensorMap* kv_map,
+                                               typename Traits::SharedMemoryPlan& smem, int piece,
+                                               uint32_t used0 = 0, uint32_t used1 = 0,
+                                               uint32_t rank = 0) {
+  static_assert(Traits::kStages == 2, "blocks alternate between two stages");
+  static_assert(!(kPair && kEvictFirst), "pairs run on the balanced schedule only");
+  constexpr int kKeys = Traits::kKeys;
+  const int page_rows = min(kKeys, p.page_size);  // rows per box
+  const int page_shift = p.page_shift;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
+  const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
+  const int piece_key = piece * page_rows;  // the piece's first key within a block
+
+  // Whether the block has this piece (it starts before the extent), and then its page id; a
+  // piece past the extent is neither looked up nor loaded.
+  auto load_page = [&](int block, int& page) {
+    const int key = block * kKeys + piece_key;
+    const bool has = key < w.extent;
+    page = has ? table[key >> page_shift] : 0;
+    return has;
+  };
+
+  const uint64_t policy = kEvictFirst ? l2_evict_first_policy() : 0;
+  int page = 0;
+  bool has = load_page(w.block_begin, page);
+  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+    const int stage = it & 1;
+    const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
+    const int cur = page;
+    const bool cur_has = has;
+    if (block + 1 < w.block_end) has = load_page(block + 1, page);  // ahead of the waits
+
+    const int row_in_page = (block * kKeys + piece_key) & (p.page_size - 1);
+    auto load_chunk = [&](int c) {
+      uint64_t* bar = &smem.full[stage][c];
+      mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
+      if (cur_has) {
+        typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
+        const int32_t col = c * Traits::kChunkCols;
+        if constexpr (kPair) {
+          if (static_cast<uint32_t>(c & 1) == rank) {
+            tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
+          }
+        } else if constexpr (kEvictFirst) {
+          tma_load_3d_hint(dst, kv_map, bar, col, row_in_page, cur, policy);
+        } else {
+          tma_load_3d(dst, kv_map, bar, col, row_in_page, cur);
+        }
+      }
+    };
+    // NOTE: kPair: the other CTA's arrivals too. Its consumers' last reads were wgmma operand
+    // reads, which their wait_group completed before the arrive; acquire at CTA scope (CUTLASS's
+    // cluster pipelines do the same) keeps ptxas from invalidating L1 after every wait.
+    mbar_wait(&smem.empty_l[stage], phase ^ 1);
+#pragma unroll
+    for (int c = 0; c < Traits::kLeftChunks; ++c) load_chunk(c);
+    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+#pragma unroll
+    for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) load_chunk(c);
+  }
+}
+
+// kPair: the producer's last wait. A CTA of a pair exits only once both CTAs' consumers have
+// released every block its ring held (`used0`, `used1`: all of them): the other CTA's consumers
+// arrive on its empty barriers until then.
+template <typename Traits>
+__device__ __forceinline__ void drain_pair_ring(typename Traits::SharedMemoryPlan& smem,
+                                                uint32_t used0, uint32_t used1) {
+  const uint32_t used[2] = {used0, used1};
+#pragma unroll
+  for (int s = 0; s < Traits::kStages; ++s) {
+    mbar_wait(&smem.empty_l[s], (used[s] & 1) ^ 1);
+    mbar_wait(&smem.empty_r[s], (used[s] & 1) ^ 1);
+  }
+}
+
+}  // namespace mla::sm90::tma

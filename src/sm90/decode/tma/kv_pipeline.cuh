@@ -1,0 +1,261 @@
+// Pieces shared by the TMA-fed decode kernels (seesaw/, few_rows/): the work of one CTA, the
+// attended-set rule of a query row and the 128-byte swizzle of a 64-column chunk.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+#include "sm90/decode/tma/tensor_map.h"
+
+namespace mla::sm90::tma {
+
+// The request and key range of one CTA, resolved on the device.
+struct TileWork {
+  int b;            // request
+  int token0;       // global token index of the request's first query token
+  int n;            // query tokens of the request
+  int row0;         // first row of the tile (token * H + head)
+  int rows;         // n * H
+  int seq_len;      // seq_lens[b]
+  int extent;       // keys [0, extent) may be attended by some row of the tile
+  int block_begin;  // this split's run of 64-key blocks
+  int block_end;
+  bool whole;  // balanced schedule: one segment covers the request (the CTA writes out and lse)
+};
+
+// The keys a tile's rows may attend: w.seq_len and w.extent from w.b, w.n and w.row0. Returns the
+// 64-key blocks they span.
+__device__ __forceinline__ int resolve_extent(const DecodeKernelParams& p, TileWork& w) {
+  w.seq_len = p.seq_lens[w.b];
+  const int last_token = min(w.n - 1, (w.row0 + kTileRows - 1) / p.num_heads);
+  w.extent = p.mask != nullptr ? w.seq_len : max(0, w.seq_len - w.n + last_token + 1);
+  return (w.extent + kBlockKeys - 1) / kBlockKeys;
+}
+
+// Request b's query tokens: w.b, w.token0, w.n and w.rows.
+__device__ __forceinline__ void resolve_request(const DecodeKernelParams& p, int b, TileWork& w) {
+  w.b = b;
+  if (p.cum_seq_lens_q != nullptr) {
+    w.token0 = p.cum_seq_lens_q[b];
+    w.n = p.cum_seq_lens_q[b + 1] - w.token0;
+  } else {
+    w.token0 = b * p.q_len;
+    w.n = p.q_len;
+  }
+  w.rows = w.n * p.num_heads;
+}
+
+__device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
+  TileWork w;
+  resolve_request(p, blockIdx.y, w);
+  w.row0 = blockIdx.x * kTileRows;
+  const int num_blocks = resolve_extent(p, w);
+  const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
+  w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
+  w.block_end = min(num_blocks, w.block_begin + per_split);
+  w.whole = p.direct_out != 0;  // one split (the host's choice): the CTA writes out and lse
+  return w;
+}
+
+// The segments of one CTA of the balanced schedule (params.h, schedule::Request): part blockIdx.y,
+// query-row tile blockIdx.x, in request order. The producer and the consumers walk the same list.
+struct PartCursor {
+  int b;       // next request to look at
+  int part;    // blockIdx.y
+  int per;     // positions per part
+  int lo, hi;  // the part's positions [lo, hi)
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams& p) {
+    part = blockIdx.y;
+    per = *p.sched_part_blocks;
+    lo = part * per;
+    hi = lo + per;
+    b = p.sched_part_first[part];
+  }
+
+  // The next segment of this tile: its work and first partial row; false when the part is done.
+  // A segment past the tile's extent (an earlier token's causal limit) has no block and still gets
+  // its (empty) partial; a request without rows in this tile has no segment here.
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
+                                       int64_t& partial_row0) {
+    while (b < p.batch) {
+      const schedule::Request r = p.sched_requests[b];
+      if (r.pos >= hi) return false;
+      const int cur = b++;
+      const int first = max(lo, r.pos) - r.pos;
+      const int last = min(hi, r.pos + r.blocks) - r.pos;
+      if (first >= last) continue;  // no block of this request in the part
+      w.row0 = blockIdx.x * kTileRows;
+      if (w.row0 >= r.rows) continue;
+      w.b = cur;
+      w.rows = r.rows;
+      w.n = r.rows / p.num_heads;
+      w.token0 = p.cum_seq_lens_q != nullptr ? p.cum_seq_lens_q[cur] : cur * p.q_len;
+      const int tile_blocks = resolve_extent(p, w);
+      w.block_begin = min(first, tile_blocks);
+      w.block_end = min(last, tile_blocks);
+      // NOTE: the plan's segment count (schedule_kernel.cu) from the same positions: the combine's
+      // list holds exactly the tokens of the other requests.
+      w.whole = (r.pos + r.blocks - 1) / per == r.pos / per;
+      partial_row0 = r.row_base + static_cast<int64_t>(part - r.pos / per) * r.rows + w.row0;
+      // NOTE: the next call reads the next record (and its seq_lens entry) after this segment's
+      // blocks; fetched now, the read after a CTA's last segment is an L2 hit, not a DRAM miss.
+      if (b < p.batch) {
+        prefetch_l2_keep(&p.sched_requests[b]);
+        prefetch_l2_keep(&p.seq_lens[b]);
+      }
+      return true;
+    }
+    return false;
+  }
+};
+
+// The one segment of a CTA of the seesaw kernel's direct split (a call of one request; no plan
+// kernel): request 0, query-row tile blockIdx.x, run blockIdx.y of gridDim.y equal runs of the
+// tile's 64-key blocks (possibly empty). Run s writes partial rows [s, T, H] (the uniform layout),
+// or, with p.direct_out (one run), out and lse.
+struct SplitCursor {
+  bool done;
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams&) { done = false; }
+
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
+                                       int64_t& partial_row0) {
+    if (done) return false;
+    done = true;
+    resolve_request(p, 0, w);
+    w.row0 = blockIdx.x * kTileRows;
+    if (w.row0 >= w.rows) return false;  // a tile past a ragged request's rows: nothing to do
+    const int64_t blocks = resolve_extent(p, w), runs = gridDim.y, run = blockIdx.y;
+    w.block_begin = static_cast<int>(blocks * run / runs);
+    w.block_end = static_cast<int>(blocks * (run + 1) / runs);
+    w.whole = p.direct_out != 0;
+    partial_row0 = (run * p.num_tokens + w.token0) * p.num_heads + w.row0;
+    return true;
+  }
+};
+
+// Which keys one query row attends: j < limit, and with a custom mask, j < first_query or the
+// mask bit (j - first_query) of the row.
+struct RowRule {
+  int limit;            // 0 for padding rows
+  int first_query;      // seq_len - n_b
+  const uint8_t* mask;  // the row's mask bytes, or null
+  __device__ __forceinline__ bool attends(int j) const {
+    if (j >= limit) return false;
+    if (mask == nullptr || j < first_query) return true;
+    const int bit = j - first_query;
+    return (mask[bit >> 3] >> (bit & 7)) & 1;
+  }
+};
+
+// V rows [r_begin, keys) of a stage (v_chunks chunks of `keys` rows x 128 bytes) made safe for
+// P V: rows from `valid` on (keys past the extent: TMA loads whole boxes and skips pages past it,
+// so they may hold NaN from a poisoned cache or a stale stage) become 0; rows [r_begin, valid)
+// (draft keys, positions seq_len - n_b .. seq_len - 1, which some rows of a tile attend and others
+// do not) keep their finite values and lose their non-finite ones (exponent all ones: `exp_mask`,
+// 0x7f80 bf16, 0x7c00 fp16). P is 0 for a row that does not attend a key, and 0 times NaN is
+// NaN; a row that attends a non-finite key already holds a NaN score, which carries the NaN into
+// its sum, lse and out (contract section 1). Call once S is computed. Threads tid, tid + nthreads,
+// ... share the 16-byte pieces.
+__device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_chunks, int r_begin,
+                                             int valid, uint32_t exp_mask, int tid, int nthreads) {
+  const int n = (keys - r_begin) * v_chunks * 8;
+  for (int e = tid; e < n; e += nthreads) {
+    const int piece = e & 7, rest = e >> 3;
+    const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
+    uint4* at = reinterpret_cast<uint4*>(k_bytes + chunk * keys * 128 + r * 128 + piece * 16);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) {
+      v = *at;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if ((w[k] & exp_mask) == exp_mask) w[k] &= 0xffff0000u;
+        if (((w[k] >> 16) & exp_mask) == exp_mask) w[k] &= 0x0000ffffu;
+      }
+    }
+    *at = v;
+  }
+}
+
+// Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_per_chunk) {
+  const int chunk = col >> 6, c = col & 63;
+  return chunk * rows_per_chunk * 128 + row * 128 + ((((c >> 3) ^ (row & 7))) << 4) +
+         ((c & 7) << 1);
+}
+
+// The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
+// kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
+// ahead of the K blocks' (the seesaw kernel's direct split: docs/sm90-seesaw.md, the direct split).
+// A ragged call's rows need cum_seq_lens_q: nothing is requested.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
+                                                    int tid) {
+  if (p.cum_seq_lens_q != nullptr) return;
+  constexpr int kRowBytes = 576 * 2;
+  constexpr int kLines = kRowBytes / 128 + 1;  // 128-byte lines a 16-byte-aligned row can touch
+  const int rows = p.q_len * p.num_heads;
+  for (int e = tid; e < kRows * kLines; e += kThreads) {
+    const int r = e / kLines, line = e - r * kLines;
+    const int row = row0 + r;
+    if (row >= rows) break;  // e grows with r
+    const int t = row / p.num_heads, h = row - t * p.num_heads;
+    const uint8_t* base =
+        static_cast<const uint8_t*>(p.query) + 2 * (b * p.q_batch + t * p.q_token + h * p.q_head);
+    prefetch_l2(base + min(line * 128, kRowBytes - 1));
+  }
+}
+
+// The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
+// sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid. Threads
+// 0 .. kRows - 1 write row r's first vector (null for a padding row) into `row_ptr` (shared),
+// `sync` makes them visible to all kThreads, then every load is that pointer plus its vector, all
+// of them in flight before the first store (a (token, head) division and 64-bit stride products per
+// load were ~125 instructions each, ~2 us of issue per segment: docs/sm90-seesaw.md, Work split).
+// `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
+// thread calls it). The caller fences and syncs.
+template <int kRows, int kThreads, typename Sync, typename InFlight>
+__device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
+                                                     int tile_rows, uint8_t* dst,
+                                                     const uint4** row_ptr, int tid, Sync sync,
+                                                     InFlight in_flight) {
+  if (tid < kRows) {
+    const uint4* ptr = nullptr;
+    if (tid < tile_rows) {
+      const int row = w.row0 + tid;
+      const int i = row / p.num_heads, h = row - i * p.num_heads;
+      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+      ptr =
+          static_cast<const uint4*>(p.query) + (w.b * p.q_batch + t * p.q_token + h * p.q_head) / 8;
+    }
+    row_ptr[tid] = ptr;
+  }
+  sync();
+  constexpr int kVecs = 576 / 8;  // per row
+  constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
+  uint4 value[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    value[k] = make_uint4(0, 0, 0, 0);
+    if (kRows * kVecs % kThreads == 0 || r < kRows) {
+      const uint4* src = row_ptr[r];
+      if (src != nullptr) value[k] = __ldg(src + v);
+    }
+  }
+  in_flight();
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int e = tid + k * kThreads;
+    const int r = e / kVecs, v = e - r * kVecs;
+    if (kRows * kVecs % kThreads == 0 || r < kRows) {
+      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
+    }
+  }
+}
+
+}  // namespace mla::sm90::tma

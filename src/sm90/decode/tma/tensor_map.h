@@ -1,0 +1,20 @@
+// Host-side pieces of the TMA kernels (seesaw/, few_rows/): the query-row tile of their grids and
+// the kv_cache tensor map (tensor_map.cc).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "sm90/params.h"
+
+namespace mla::sm90::tma {
+
+// Query rows (token * H + head of one request) per CTA.
+inline constexpr int kTileRows = 64;
+
+// The 3-D tensor map (D, page_size, P) over kv_cache that the producer loads K blocks through:
+// boxes of 64 columns x min(64, page_size) rows, 128-byte swizzle. Fails (no map) where the driver
+// rejects the strides; the caller then runs the SIMT kernel.
+cudaError_t make_kv_tensor_map(const DecodeKernelParams& params, Elem kv, CUtensorMap* map);
+
+}  // namespace mla::sm90::tma

@@ -1,7 +1,0 @@
-// v2 seesaw decode kernel, query and kv_cache fp16.
-#include "sm90/decode/v2/seesaw_kernel.cuh"
-
-namespace mla::sm90::v2 {
-template cudaError_t launch_seesaw<Elem::kFp16>(const DecodeKernelParams&, const CUtensorMap&, int,
-                                                bool, bool, bool, cudaStream_t, bool);
-}  // namespace mla::sm90::v2

@@ -1,0 +1,244 @@
+// The routing step of the sm90 backend (route.h): kernel, splits, workspace layout, pairing.
+// The route table, and why: docs/architecture.md; each kernel's own page in docs/ says how it
+// splits its work.
+#include "sm90/host/route.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "sm90/decode/few_rows/launch.h"
+#include "sm90/decode/schedule/format.h"
+#include "sm90/decode/seesaw/launch.h"
+#include "sm90/decode/simt/launch.h"
+#include "sm90/decode/tma/tensor_map.h"
+#include "sm90/host/device.h"
+#include "sm90/host/limits.h"
+
+namespace mla::detail::sm90 {
+namespace {
+
+using ::mla::sm90::Elem;
+namespace schedule = ::mla::sm90::schedule;
+namespace tma = ::mla::sm90::tma;
+
+constexpr int64_t kAlign = 256;
+constexpr int64_t kMinKeysPerSplit = 256;  // SIMT kernel: a split handles at least this many keys
+constexpr int64_t kSimtMaxSplits = 64;
+constexpr int64_t kMaxSplits = 128;  // uniform splits per query token (any kernel)
+static_assert(kMaxSplits <= ::mla::sm90::kMaxSplits, "the combine kernel's capacity");
+static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's record");
+
+// The seesaw kernel pairs tiles on the balanced schedule from this many tiles per request up:
+// below that, and on the direct split at any tile count, the two CTAs' lockstep cost more than
+// the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
+constexpr int64_t kPairMinTiles = 6;
+
+// The contract caps the workspace at 128 MiB (FlashInfer's documented buffer).
+constexpr int64_t kWorkspaceCap = int64_t{128} << 20;
+
+int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Query-row tiles of the TMA kernels' grids per request: ceil(max_q_len * H / 64).
+int64_t tiles_of(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, tma::kTileRows); }
+
+// The shape part of the TMA kernels' conditions (the rest, data addresses and the tensor map, is
+// checked at run time; a call that fails it runs the SIMT kernel with this route's split count,
+// which the SIMT kernel accepts).
+bool tma_shape_ok(const Problem& p, const Switches& sw) {
+  if (sw.kernel == Switches::Kernel::kSimt || p.sparse || p.D != kKvLoraRank + kRopeHeadDim) {
+    return false;
+  }
+  const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16;
+  const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
+  if (!bf16 && !fp16) return false;
+  if (p.page_size < kMinTmaPageSize || p.page_size > kMaxPageSize) return false;
+  // 16-byte-aligned strides: TMA (kv rows and pages) and vector loads (query rows).
+  if (p.kv_row_stride % 8 != 0 || p.kv_page_stride % 8 != 0) return false;
+  if (p.q.batch % 8 != 0 || p.q.token % 8 != 0 || p.q.head % 8 != 0) return false;
+  if (p.batch > 65535) return false;  // grid.y
+  // Ragged queries without a tight max_q_len: the (tile, request) grid would be mostly empty.
+  const int64_t tiles = tiles_of(p);
+  if (p.batch * tiles > 4 * ceil_div(p.num_tokens * p.num_heads, tma::kTileRows) + p.batch) {
+    return false;
+  }
+  return true;
+}
+
+// Parts of the balanced schedule: one CTA per SM for each query-row tile of a request.
+int64_t schedule_parts(const Problem& p, int sms) {
+  const int64_t parts = sms / tiles_of(p);
+  return std::clamp<int64_t>(parts, 1,
+                             std::min<int64_t>(::mla::sm90::kMaxSplits, schedule::kMaxParts));
+}
+
+// Whether the balanced schedule's int32 positions and partial rows hold the call.
+bool schedule_fits(const Problem& p, int sms, int64_t fixed_blocks) {
+  const int64_t max_blocks = ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys);
+  const int64_t positions = p.batch * (max_blocks + fixed_blocks);
+  const int64_t rows = (p.num_tokens + schedule_parts(p, sms) * p.max_q_len) * p.num_heads;
+  // NOTE: half the int32 range: a part's end (parts x positions per part) may pass the total by
+  // the 10% whole-request rounding of schedule_kernel.cu.
+  return positions < INT32_MAX / 2 && rows < INT32_MAX;
+}
+
+// Which kernel family takes the call, from its shapes (the split count depends on it, the
+// workspace cap does not change it).
+struct Family {
+  bool tma = false;       // the TMA kernels' shape conditions hold
+  bool few_rows = false;  // ... and the few-rows kernel takes it
+  bool seesaw = false;    // ... or the seesaw kernel
+  bool direct = false;    // the seesaw kernel's direct split (a call of one request)
+};
+
+Family family_of(const Problem& p, int sms, const Switches& sw) {
+  Family f;
+  if (p.num_tokens == 0) return f;  // no decode kernel
+  f.tma = tma_shape_ok(p, sw);
+  // The few-rows kernel takes requests of at most few_rows::kMaxRows query rows (H x max_q_len).
+  // NOTE: there the seesaw kernel's 64-row tiles are mostly padding; the few-rows kernel does a
+  // quarter to a half of its tensor work (docs/sm90-few-rows.md).
+  f.few_rows = f.tma && p.max_q_len * p.num_heads <= ::mla::sm90::few_rows::kMaxRows &&
+               sw.kernel != Switches::Kernel::kSeesaw;
+  // The seesaw kernel takes every other call the TMA kernels take, within the schedule's int32
+  // positions and partial rows.
+  f.seesaw = f.tma && !f.few_rows && schedule_fits(p, sms, sw.schedule_fixed_blocks);
+  // Its direct split: a call of one request runs split_count() equal runs of its blocks per
+  // query-row tile in the uniform layout, without the plan kernel (docs/sm90-seesaw.md).
+  f.direct = f.seesaw && sw.direct_split && p.batch == 1;
+  return f;
+}
+
+// Upper bound of the splits per query token, from shapes and the SM count only.
+// SIMT kernel: enough CTAs for two waves, at least kMinKeysPerSplit keys per split, at most
+// kSimtMaxSplits. TMA kernels (one CTA per SM): as many splits as fit one wave of (tile, request)
+// CTAs, at least one 64-key block per split (two for the few-rows kernel). Either way the count is
+// then lowered to the fewest splits that keep the same blocks per split for the longest request,
+// so that no split of it is left empty (an empty split still costs the combine a partial).
+int64_t split_count(const Problem& p, const Family& f, int sms, int64_t max_splits, int64_t cap) {
+  if (p.num_tokens == 0) return 1;
+  int64_t splits = 1, max_blocks = 1;
+  if (f.tma) {
+    const int64_t ctas = p.batch * tiles_of(p);
+    max_blocks = std::max<int64_t>(1, ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
+    // NOTE: the few-rows kernel's two consumers take alternate blocks: a split of one block
+    // leaves one of them idle (B1 s8192 H16: 64 splits of 2 blocks 15.3 us, 128 of 1 15.9 us).
+    const int64_t min_blocks = f.few_rows ? 2 : 1;
+    splits =
+        std::clamp<int64_t>(sms / ctas, 1, std::min(ceil_div(max_blocks, min_blocks), kMaxSplits));
+  } else {
+    const int64_t head_groups = ceil_div(p.num_heads, ::mla::sm90::simt::kHeadsPerCta);
+    const int64_t want = ceil_div(2 * sms, p.num_tokens * head_groups);
+    const int64_t key_bound = p.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
+    const int64_t key_cap = std::max<int64_t>(1, ceil_div(key_bound, kMinKeysPerSplit));
+    splits = std::clamp<int64_t>(want, 1, std::min(key_cap, kSimtMaxSplits));
+    max_blocks = std::max<int64_t>(1, ceil_div(key_bound, ::mla::sm90::kBlockKeys));
+  }
+  if (max_splits > 0) splits = std::min(splits, max_splits);
+  splits = std::max<int64_t>(1, std::min(splits, cap));
+  return ceil_div(max_blocks, ceil_div(max_blocks, splits));
+}
+
+// The layout with at most `cap` splits (parts of the balanced schedule).
+Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& sw, int64_t cap) {
+  Layout l;
+  if (p.batch == 0) return l;
+  l.splits = split_count(p, f, sms, sw.max_splits, cap);
+  l.direct = p.num_tokens > 0 && f.direct;
+  l.scheduled = p.num_tokens > 0 && f.seesaw && !l.direct;
+  int64_t rows = 0;
+  if (l.scheduled) {
+    l.parts = std::min(schedule_parts(p, sms), cap);
+    const int64_t cut = l.parts - 1;
+    rows = std::min(p.num_tokens + cut * p.max_q_len, 2 * cut * p.max_q_len) * p.num_heads;
+  } else if (l.splits > 1) {
+    rows = l.splits * p.num_tokens * p.num_heads;
+  }
+  l.rows = rows;
+  l.max_offset = kAlign;  // after the checked mode's record
+  l.sum_offset = l.max_offset + align_up(rows * 4);
+  l.o_offset = l.sum_offset + align_up(rows * 4);
+  l.bytes = l.o_offset + align_up(rows * p.L * 2);  // bf16 or fp16: the out type
+  if (l.scheduled) {
+    l.requests_offset = l.bytes;
+    l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(schedule::Request));
+    l.part_first_offset = l.tokens_offset + align_up(p.num_tokens * sizeof(schedule::Token));
+    l.part_blocks_offset = l.part_first_offset + align_up(l.parts * 4);
+    l.bytes = l.part_blocks_offset + kAlign;
+  }
+  return l;
+}
+
+// Where the preferred split's partials do not fit the workspace cap, the splits (parts) halve
+// until they do. One split (one part) writes no partial row, so the loop ends.
+Layout layout_of(const Problem& p, const Family& f, int sms, const Switches& sw) {
+  int64_t cap = std::max<int64_t>(kMaxSplits, schedule::kMaxParts);
+  Layout l = layout_with(p, f, sms, sw, cap);
+  while (l.bytes > kWorkspaceCap && cap > 1) {
+    cap /= 2;
+    l = layout_with(p, f, sms, sw, cap);
+  }
+  return l;
+}
+
+// The element type of a call the TMA kernels take (query and kv_cache alike).
+Elem tma_elem(DataType t) { return t == dtype::kBFloat16 ? Elem::kBf16 : Elem::kFp16; }
+
+int pair_clusters(Elem e) {
+  return e == Elem::kBf16 ? ::mla::sm90::seesaw::pair_clusters_resident<Elem::kBf16>()
+                          : ::mla::sm90::seesaw::pair_clusters_resident<Elem::kFp16>();
+}
+
+}  // namespace
+
+Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) {
+  const int sms = device.sm_count;
+  const Family f = family_of(p, sms, sw);
+  Route r;
+  r.layout = layout_of(p, f, sms, sw);
+  r.schedule_fixed_blocks = sw.schedule_fixed_blocks;
+  if (p.num_tokens == 0) return r;  // kNone
+  if (f.few_rows) {
+    r.kernel = Kernel::kFewRows;
+    r.few_rows = p.max_q_len * p.num_heads <= 16 ? 16 : 32;
+  } else if (r.layout.scheduled || r.layout.direct) {
+    r.kernel = Kernel::kSeesaw;
+    r.tiles = static_cast<int>(tiles_of(p));
+    r.clean = p.has_mask || (p.max_q_len > 1 && p.num_heads % tma::kTileRows != 0);
+    // Tiles 2k and 2k + 1 of every request cover the same query tokens (one token per tile pair
+    // at H = 128; one token at max_q_len 1), so their blocks and key ranges are the same. Paired
+    // only on the balanced schedule, without cleaning, and where the device holds the whole grid
+    // (tiles x parts) in clusters of two at once, as the one-wave schedule assumes.
+    const bool allowed =
+        r.tiles % 2 == 0 && (p.num_heads == 2 * tma::kTileRows || p.max_q_len == 1);
+    const bool wanted = sw.pair >= 0 ? sw.pair == 1 : r.tiles >= kPairMinTiles;
+    r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
+             r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
+  } else {
+    r.kernel = Kernel::kSimt;
+  }
+  // One split of the uniform layout: the decode kernel writes out and lse, no combine.
+  r.combine = r.layout.scheduled || r.layout.splits > 1;
+  return r;
+}
+
+Route route_of(const Problem& p) {
+  DeviceFacts device;
+  // A call without query tokens launches no decode kernel: its route needs no device fact.
+  if (p.num_tokens > 0) device.sm_count = sm_count(p.device.device_id);
+  device.pair_clusters = &pair_clusters;
+  return route_of(p, device, switches());
+}
+
+Route simt_fallback(Route r) {
+  if (r.layout.scheduled) r.layout.splits = 1;
+  r.layout.scheduled = r.layout.direct = false;
+  r.kernel = Kernel::kSimt;
+  r.few_rows = 0;
+  r.tiles = 0;
+  r.pair = r.clean = false;
+  r.combine = r.layout.splits > 1;
+  return r;
+}
+
+}  // namespace mla::detail::sm90

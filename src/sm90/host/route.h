@@ -1,0 +1,90 @@
+// The routing step of the sm90 backend: which decode kernel runs a call, with how many splits, in
+// which workspace layout, and whether the combine kernel follows. workspace_size, plan and run
+// each compute the route once, from the validated Problem, the device's SM count and the
+// environment switches; nothing else in the backend decides. The route table, and why each call
+// goes where it goes: docs/architecture.md.
+#pragma once
+
+#include <cstdint>
+
+#include "host/problem.h"
+#include "sm90/host/switches.h"
+#include "sm90/params.h"
+
+namespace mla::detail::sm90 {
+
+// The decode kernel of a route.
+enum class Kernel {
+  kNone,     // no query token (B = 0 or T = 0): no decode kernel (the checked mode still checks)
+  kSimt,     // decode/simt/: every call the TMA kernels do not take
+  kFewRows,  // decode/few_rows/: TMA + wgmma, requests of at most 32 query rows (H x max_q_len)
+  kSeesaw,   // decode/seesaw/: TMA + wgmma, on the balanced schedule or the direct split
+};
+
+// The workspace (bytes; every piece 256-byte aligned):
+//   [0, 256)                       checked mode record: one uint64 key (IndexCheck), ~0 when clean
+//   partial_max [N] fp32           running max of each partial row (-inf: the split saw no key)
+//   partial_sum [N] fp32           sum of exp(s - max)
+//   partial_o [N, L] out dtype     bmm2_scale * sum of exp(s - max) * v / sum (0 where sum is 0)
+//   balanced schedule only (schedule/format.h): schedule::Request [B], schedule::Token [T] (the
+//            tokens the combine merges), first request per part [parts] int32, positions per
+//            part [1] int32
+// with N partial rows: S x T x H in the uniform layout [S, T, H] (S = splits) of the SIMT and
+// few-rows kernels and the seesaw kernel's direct split, and at most T x H + (parts - 1) x
+// max_q_len x H on the balanced schedule. One split writes no partial row: the decode kernel
+// writes out and lse itself. On the schedule only requests of two or more segments have partial
+// rows (schedule_kernel.cu), and each such request spans at least one of the parts - 1 part
+// boundaries, which each cut one request: at most 2 (parts - 1) segments of at most max_q_len x H
+// rows, and never more than T x H + (parts - 1) x max_q_len x H. T query tokens, H heads,
+// L = 512.
+struct Layout {
+  int64_t splits = 1;      // splits per query token of the uniform layout
+  int64_t rows = 0;        // partial rows
+  bool scheduled = false;  // the seesaw kernel's balanced schedule: plan() writes it
+  bool direct = false;     // the seesaw kernel's direct split (uniform layout, no schedule)
+  int64_t parts = 0;       // parts of the balanced schedule
+  int64_t max_offset = 0, sum_offset = 0, o_offset = 0;
+  int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
+  int64_t bytes = 0;
+};
+
+struct Route {
+  Kernel kernel = Kernel::kNone;
+  Layout layout;
+  // The decode kernel writes partials and the combine kernel merges them into out and lse; false:
+  // one split (uniform layout), where the decode kernel writes out and lse itself.
+  bool combine = false;
+  int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
+  int tiles = 0;     // kSeesaw: query-row tiles of 64 per request (the grid's x)
+  // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
+  // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
+  bool pair = false;
+  // kSeesaw: rows of a tile attend the request's draft keys unequally (a custom mask, or tiles
+  // that span two tokens); the kernel keeps a non-finite draft key from the rows that do not
+  // attend it.
+  bool clean = false;
+  int64_t schedule_fixed_blocks = 0;  // the plan kernel's fixed cost per request, in blocks
+};
+
+// What a route needs to know of the device.
+struct DeviceFacts {
+  int sm_count = 0;
+  // Clusters of two CTAs of the paired seesaw kernel (query and kv_cache of type `e`) that the
+  // device holds at once; asked only of a call that would pair.
+  int (*pair_clusters)(::mla::sm90::Elem e) = nullptr;
+};
+
+// The route of a validated call.
+Route route_of(const Problem& problem, const DeviceFacts& device, const Switches& switches);
+
+// The same on the problem's device (which must be current: the entry points hold a DeviceGuard)
+// with the process's switches.
+Route route_of(const Problem& problem);
+
+// The route of a call whose data addresses or kv_cache tensor map turned out unfit for TMA at
+// run time (a route reads shapes and strides, not addresses): the SIMT kernel in the same
+// workspace, reading no schedule. A call laid out for the balanced schedule has no uniform partial
+// rows: it runs as one split.
+Route simt_fallback(Route route);
+
+}  // namespace mla::detail::sm90

@@ -1,0 +1,44 @@
+// Reads the MLA_SM90_* environment switches (switches.h).
+#include "sm90/host/switches.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace mla::detail::sm90 {
+namespace {
+
+std::string env_string(const char* name) {
+  const char* v = std::getenv(name);
+  return std::string(v != nullptr ? v : "");
+}
+
+int64_t env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : 0;
+}
+
+Switches read_switches() {
+  Switches s;
+  const std::string kernel = env_string("MLA_SM90_KERNEL");
+  if (kernel == "simt" || kernel == "v0") s.kernel = Switches::Kernel::kSimt;
+  if (kernel == "seesaw" || kernel == "v2") s.kernel = Switches::Kernel::kSeesaw;
+  s.max_splits = env_int("MLA_SM90_MAX_SPLITS");
+  const int64_t fixed = env_int("MLA_SM90_SCHEDULE_FIXED");
+  if (fixed > 0) s.schedule_fixed_blocks = std::min<int64_t>(fixed, 1 << 20);
+  s.direct_split = env_string("MLA_SM90_DIRECT") != "0";
+  const char* pair = std::getenv("MLA_SM90_PAIR");
+  if (pair != nullptr) {
+    s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;
+  }
+  return s;
+}
+
+}  // namespace
+
+const Switches& switches() {
+  static const Switches s = read_switches();
+  return s;
+}
+
+}  // namespace mla::detail::sm90

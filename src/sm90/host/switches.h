@@ -1,0 +1,34 @@
+// The MLA_SM90_* environment switches of the sm90 backend, all read here, once per process (at
+// the first call that routes). They exist for comparisons and timing studies: whatever they say,
+// results stay correct. README.md lists them.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/decode/schedule/format.h"
+
+namespace mla::detail::sm90 {
+
+struct Switches {
+  // MLA_SM90_KERNEL: `simt` (or `v0`) runs every call on the SIMT kernel; `seesaw` (or `v2`) runs
+  // the seesaw kernel on every call the TMA kernels take, the few-rows calls too; anything else
+  // (unset, `rows`) is the default routing.
+  enum class Kernel { kDefault, kSimt, kSeesaw };
+  Kernel kernel = Kernel::kDefault;
+  // MLA_SM90_MAX_SPLITS=N (N > 0): at most N splits per query token. It enters workspace_size
+  // too, so it must be set before the first call.
+  int64_t max_splits = 0;  // 0: no cap
+  // MLA_SM90_SCHEDULE_FIXED=N (N > 0, at most 2^20): the balanced schedule's fixed cost per
+  // request, in blocks.
+  int64_t schedule_fixed_blocks = ::mla::sm90::schedule::kFixedBlocks;
+  // MLA_SM90_DIRECT=0: a call of one request runs on the balanced schedule, not the direct split.
+  bool direct_split = true;
+  // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
+  // it; anything else (unset) is the default policy.
+  int pair = -1;  // -1: the policy
+};
+
+// The switches as the environment set them at the first call.
+const Switches& switches();
+
+}  // namespace mla::detail::sm90

@@ -1,0 +1,309 @@
+// The sm90 route table (src/sm90/host/route.cc, docs/architecture.md): which kernel a validated
+// call runs, with how many splits, in which workspace layout, paired or not, for given device
+// facts and environment switches. No GPU needed: the calls are validated as host calls (shapes,
+// strides and dtypes are all a route reads; no buffer is allocated or read) and routed for an
+// H100/H200-sized device (132 SMs, 66 clusters of two paired seesaw CTAs at once).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "host/backends.h"
+#include "mla/mla.h"
+#include "sm90/decode/schedule/format.h"
+#include "sm90/host/route.h"
+
+namespace {
+
+using mla::DataType;
+using mla::TensorView;
+using mla::detail::Problem;
+using mla::detail::sm90::DeviceFacts;
+using mla::detail::sm90::Kernel;
+using mla::detail::sm90::Route;
+using mla::detail::sm90::Switches;
+namespace dt = mla::dtype;
+
+const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4M3;
+
+int clusters_66(mla::sm90::Elem) { return 66; }
+int clusters_10(mla::sm90::Elem) { return 10; }
+const DeviceFacts kHopper{132, &clusters_66};
+
+// One call's shapes: dense queries [B, q_len, H, 576] unless `ragged` lists each request's query
+// tokens; kv_cache [P, page_size, 576 + kv_row_pad]; block tables of max_seq_len keys per request.
+// The setters return the call, so that a table row states one call in one expression.
+struct Call {
+  int64_t B = 128, H = 128, q_len = 1;
+  std::vector<int64_t> ragged;
+  int64_t page_size = 64;
+  int64_t max_seq_len = 8192;
+  DataType q = kBf16, kv = kBf16;
+  bool ds_mla = false;  // the fp8_ds_mla cache (uint8 rows of 656 bytes), bf16 query
+  int64_t top_k = 0;    // > 0: sparse mode
+  bool mask = false;
+  int64_t kv_row_pad = 0;
+
+  Call& pages(int64_t n) { return page_size = n, *this; }
+  Call& keys(int64_t n) { return max_seq_len = n, *this; }
+  Call& dtypes(DataType query, DataType cache) { return q = query, kv = cache, *this; }
+  Call& fp8_ds_mla() { return ds_mla = true, *this; }
+  Call& sparse(int64_t k) { return top_k = k, *this; }
+  Call& masked() { return mask = true, *this; }
+  Call& padded_kv_rows(int64_t n) { return kv_row_pad = n, *this; }
+};
+
+Call dense(int64_t B, int64_t H, int64_t q_len) {
+  Call c;
+  c.B = B;
+  c.H = H;
+  c.q_len = q_len;
+  return c;
+}
+
+Call ragged(std::vector<int64_t> q_lens, int64_t H) {
+  Call c;
+  c.B = static_cast<int64_t>(q_lens.size());
+  c.H = H;
+  c.ragged = std::move(q_lens);
+  return c;
+}
+
+// The Problem validate() derives for `c`, as the sm90 entry points receive it.
+Problem problem_of(const Call& c) {
+  // Distinct, never-dereferenced host addresses: validate() reads shapes, strides and dtypes.
+  const auto fake = [](int k) {
+    return reinterpret_cast<void*>(uintptr_t{1} << 40 | uintptr_t(k) << 36);
+  };
+  const bool ragged = !c.ragged.empty();
+  int64_t T = c.B * c.q_len;
+  if (ragged) {
+    T = 0;
+    for (int64_t n : c.ragged) T += n;
+  }
+  const int64_t max_pages = (c.max_seq_len + c.page_size - 1) / c.page_size;
+  const int64_t P = c.B * max_pages + 1;
+  mla::DecodeParams p;
+  p.query = ragged ? TensorView::contiguous(fake(1), c.q, {T, c.H, 576})
+                   : TensorView::contiguous(fake(1), c.q, {c.B, c.q_len, c.H, 576});
+  if (c.ds_mla) {
+    p.kv_cache = TensorView::contiguous(fake(2), dt::kUInt8, {P, c.page_size, 656});
+  } else {
+    const int64_t row = 576 + c.kv_row_pad;
+    p.kv_cache =
+        TensorView::strided(fake(2), c.kv, {P, c.page_size, 576}, {c.page_size * row, row, 1});
+  }
+  p.seq_lens = TensorView::contiguous(fake(3), dt::kInt32, {c.B});
+  if (c.top_k > 0) {
+    p.sparse_top_k = static_cast<int32_t>(c.top_k);
+    p.sparse_indices = ragged
+                           ? TensorView::contiguous(fake(4), dt::kInt32, {T, c.top_k})
+                           : TensorView::contiguous(fake(4), dt::kInt32, {c.B, c.q_len, c.top_k});
+  } else {
+    p.block_tables = TensorView::contiguous(fake(4), dt::kInt32, {c.B, max_pages});
+  }
+  if (ragged) {
+    p.cum_seq_lens_q = TensorView::contiguous(fake(5), dt::kInt32, {c.B + 1});
+    int64_t longest = 0;
+    for (int64_t n : c.ragged) longest = std::max(longest, n);
+    p.max_q_len = static_cast<int32_t>(longest);
+  }
+  if (c.mask) {
+    p.mask = ragged ? TensorView::contiguous(fake(6), dt::kUInt32, {T, 1})
+                    : TensorView::contiguous(fake(6), dt::kUInt32, {c.B, c.q_len, 1});
+  }
+  p.out = ragged ? TensorView::contiguous(fake(7), kBf16, {T, c.H, 512})
+                 : TensorView::contiguous(fake(7), kBf16, {c.B, c.q_len, c.H, 512});
+  p.max_seq_len = static_cast<int32_t>(c.max_seq_len);
+  p.backend = mla::Backend::kCpu;
+  Problem problem = mla::detail::validate(p);
+  problem.backend = mla::Backend::kSm90;
+  problem.device = mla::cuda_device(0);
+  return problem;
+}
+
+// The route of `c` with the given switches (default: none set) on `device`.
+Route route(const Call& c, const Switches& sw = Switches(), const DeviceFacts& device = kHopper) {
+  return mla::detail::sm90::route_of(problem_of(c), device, sw);
+}
+
+// A route in one line: the kernel, then the split of its work (the balanced schedule's parts, or
+// the splits per query token of the uniform layout, `direct` for the seesaw kernel's direct
+// split), the few-rows kernel's padded rows, the seesaw kernel's tiles, pairing and cleaning, and
+// whether the combine kernel follows.
+std::string describe(const Route& r) {
+  static const char* const kKernels[] = {"none", "simt", "few_rows", "seesaw"};
+  std::ostringstream s;
+  s << kKernels[static_cast<int>(r.kernel)];
+  if (r.kernel == Kernel::kNone) return s.str();
+  if (r.layout.scheduled) {
+    s << " schedule parts=" << r.layout.parts;
+  } else {
+    s << " splits=" << r.layout.splits;
+  }
+  if (r.layout.direct) s << " direct";
+  if (r.few_rows > 0) s << " rows=" << r.few_rows;
+  if (r.tiles > 0) s << " tiles=" << r.tiles;
+  if (r.pair) s << " pair";
+  if (r.clean) s << " clean";
+  if (r.combine) s << " combine";
+  return s.str();
+}
+
+struct Row {
+  const char* what;
+  Call call;
+  std::string route;  // describe()
+};
+
+void expect_routes(const std::vector<Row>& rows, const Switches& sw = Switches(),
+                   const DeviceFacts& device = kHopper) {
+  for (const Row& row : rows) {
+    EXPECT_EQ(describe(route(row.call, sw, device)), row.route) << row.what;
+  }
+}
+
+// ---- The route table ------------------------------------------------------------------------
+
+// The default routing (docs/architecture.md, the route table).
+TEST(Sm90Route, Table) {
+  expect_routes({
+      // 16-bit dense calls with pages of 16 to 256 keys and aligned strides: the TMA kernels.
+      {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6", dense(128, 128, 1),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"B128 q4: 8 tiles x 16 parts, paired", dense(128, 128, 4),
+       "seesaw schedule parts=16 tiles=8 pair combine"},
+      {"a custom mask: cleaned, unpaired", dense(128, 128, 4).masked(),
+       "seesaw schedule parts=16 tiles=8 clean combine"},
+      {"tiles that span two tokens: cleaned", dense(64, 96, 2),
+       "seesaw schedule parts=44 tiles=3 clean combine"},
+      {"one request: the direct split, 8 blocks per run", dense(1, 128, 4),
+       "seesaw splits=16 direct tiles=8 combine"},
+      {"fp16, pages of 16", dense(8, 64, 1).dtypes(kFp16, kFp16).pages(16),
+       "seesaw schedule parts=132 tiles=1 combine"},
+      {"H x q_len <= 16: the few-rows kernel, two blocks per split", dense(1, 16, 1),
+       "few_rows splits=64 rows=16 combine"},
+      {"H x q_len <= 32, a split per request: out and lse directly", dense(128, 16, 2),
+       "few_rows splits=1 rows=32"},
+      {"ragged, at most 32 rows per request", ragged({2, 1, 0}, 16),
+       "few_rows splits=43 rows=32 combine"},
+      {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
+       "seesaw schedule parts=26 tiles=5 clean combine"},
+      // Everything else: the SIMT kernel.
+      {"fp8 query and cache, two waves of CTAs", dense(4, 128, 1).dtypes(kFp8, kFp8),
+       "simt splits=9 combine"},
+      {"fp8, B128: one split", dense(128, 128, 1).dtypes(kFp8, kFp8), "simt splits=1"},
+      {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8), "simt splits=9 combine"},
+      {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(), "simt splits=9 combine"},
+      {"sparse", dense(4, 128, 1).sparse(2048), "simt splits=8 combine"},
+      {"pages of 8", dense(4, 128, 1).pages(8), "simt splits=9 combine"},
+      {"kv rows not 16-byte aligned", dense(4, 128, 1).padded_kv_rows(4), "simt splits=9 combine"},
+      // No query token: no decode kernel.
+      {"q_len 0", dense(4, 128, 0), "none"},
+      {"B 0", dense(0, 128, 1), "none"},
+  });
+}
+
+// Pairs need the device to hold the whole grid (tiles x parts) in clusters of two at once.
+TEST(Sm90Route, PairsOnlyWhereTheDeviceHoldsTheGrid) {
+  expect_routes({{"128 CTAs, 10 clusters of two", dense(128, 128, 4),
+                  "seesaw schedule parts=16 tiles=8 combine"}},
+                Switches(), DeviceFacts{132, &clusters_10});
+}
+
+// The workspace: the checked mode's record, then the partial rows (on the balanced schedule at
+// most 2 (parts - 1) segments of max_q_len x H rows) and the schedule.
+TEST(Sm90Route, WorkspaceLayout) {
+  Route r = route(dense(128, 128, 1));
+  EXPECT_EQ(r.layout.rows, 2 * 65 * 128);
+  EXPECT_EQ(r.layout.max_offset, 256);
+  EXPECT_GT(r.layout.part_blocks_offset, r.layout.part_first_offset);
+  r = route(dense(1, 128, 4));
+  EXPECT_EQ(r.layout.rows, 16 * 4 * 128);  // splits x T x H
+  EXPECT_EQ(route(dense(4, 128, 0)).layout.bytes, 256);
+  EXPECT_EQ(route(dense(0, 128, 1)).layout.bytes, 0);
+}
+
+// A call whose addresses turn out unfit for TMA at run time runs the SIMT kernel in the same
+// workspace: one split where it was laid out for the balanced schedule, the same splits otherwise.
+TEST(Sm90Route, SimtFallbackKeepsTheWorkspace) {
+  const Route scheduled = route(dense(128, 128, 4));
+  Route r = mla::detail::sm90::simt_fallback(scheduled);
+  EXPECT_EQ(describe(r), "simt splits=1");
+  EXPECT_EQ(r.layout.bytes, scheduled.layout.bytes);
+  r = mla::detail::sm90::simt_fallback(route(dense(1, 128, 4)));
+  EXPECT_EQ(describe(r), "simt splits=16 combine");
+}
+
+// ---- The environment switches ---------------------------------------------------------------
+
+TEST(Sm90Route, KernelSwitch) {
+  Switches sw;
+  sw.kernel = Switches::Kernel::kSimt;
+  expect_routes({{"DeepSeek-V3", dense(128, 128, 1), "simt splits=1"},
+                 {"few rows", dense(1, 16, 1), "simt splits=32 combine"}},
+                sw);
+  sw.kernel = Switches::Kernel::kSeesaw;
+  expect_routes({{"few rows", dense(1, 16, 1), "seesaw splits=128 direct tiles=1 combine"}}, sw);
+}
+
+TEST(Sm90Route, PairSwitch) {
+  Switches sw;
+  sw.pair = 1;  // every balanced-schedule call that allows it: also 2 tiles at max_q_len 1
+  expect_routes({{"2 tiles", dense(128, 128, 1), "seesaw schedule parts=66 tiles=2 pair combine"},
+                 {"the direct split", dense(1, 128, 4), "seesaw splits=16 direct tiles=8 combine"}},
+                sw);
+  sw.pair = 0;
+  expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"}}, sw);
+}
+
+TEST(Sm90Route, DirectSplitSwitch) {
+  Switches sw;
+  sw.direct_split = false;
+  expect_routes(
+      {{"one request", dense(1, 128, 4), "seesaw schedule parts=16 tiles=8 pair combine"}}, sw);
+}
+
+TEST(Sm90Route, MaxSplitsSwitch) {
+  Switches sw;
+  sw.max_splits = 4;
+  expect_routes({{"few rows", dense(1, 16, 1), "few_rows splits=4 rows=16 combine"},
+                 {"fp8", dense(4, 128, 1).dtypes(kFp8, kFp8), "simt splits=4 combine"}},
+                sw);
+}
+
+TEST(Sm90Route, ScheduleFixedSwitch) {
+  Switches sw;
+  sw.schedule_fixed_blocks = 3;
+  EXPECT_EQ(route(dense(128, 128, 1), sw).schedule_fixed_blocks, 3);
+  EXPECT_EQ(route(dense(128, 128, 1)).schedule_fixed_blocks, mla::sm90::schedule::kFixedBlocks);
+}
+
+// ---- The workspace cap ----------------------------------------------------------------------
+
+// The workspace stays within 128 MiB (contract section 3): on this device for the shapes engines
+// run at large batch, and on a (hypothetical) device of 8192 SMs, where the preferred split's
+// partials would not fit and the splits halve until they do.
+TEST(Sm90Route, WorkspaceWithin128MiB) {
+  constexpr int64_t kCap = int64_t{128} << 20;
+  for (const int64_t B : {1, 64, 768, 1024, 2048}) {
+    for (const int64_t q_len : {1, 2, 4, 16}) {
+      for (const int64_t H : {16, 64, 128}) {
+        for (const DataType kv : {kBf16, kFp8}) {
+          const Call c = dense(B, H, q_len).dtypes(kBf16, kv).keys(32768);
+          EXPECT_LE(route(c).layout.bytes, kCap)
+              << "B " << B << " q_len " << q_len << " H " << H << " kv bits " << int(kv.bits);
+        }
+      }
+    }
+  }
+  // 128 splits would need 257 MiB of partials, 64 one byte over 128 MiB.
+  const Route r = route(dense(1, 128, 16), Switches(), DeviceFacts{8192, &clusters_66});
+  EXPECT_EQ(describe(r), "seesaw splits=32 direct tiles=32 combine");
+  EXPECT_LE(r.layout.bytes, kCap);
+}
+
+}  // namespace
