@@ -703,7 +703,7 @@ TEST_F(ValidateTest, Sm90RejectsOtherHeadDims) {
   set_device(kCuda0);
   p_.backend = Backend::kSm90;
   expect_error(ErrorCode::kUnsupported, "kv_lora_rank/qk_rope_head_dim",
-               {"backend sm90", "kv_lora_rank 512", "got kv_lora_rank 32"});
+               {"backend sm90", "(512, 64), (256, 64) or (512, 0)", "got (32, 16)"});
 }
 
 TEST_F(Sm90ValidateTest, Sm90RejectsTooManyHeads) {

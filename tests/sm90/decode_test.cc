@@ -198,7 +198,7 @@ class DeviceCall {
   return ::testing::AssertionSuccess();
 }
 
-// The DeepSeek head dims, the only ones sm90 takes.
+// The DeepSeek head dims, which every sm90 kernel takes.
 Case deepseek(Case c) {
   c.L = 512;
   c.R = 64;
@@ -333,6 +333,43 @@ std::vector<Case> dtype_cases() {
 // Calls of enough query rows that the SIMT kernel runs one split and writes out and lse itself (no
 // partials, no combine): fp8 caches, sparse mode, pages below 16; with sinks, lse and ragged
 // queries.
+// The other head dims FlashInfer's API takes, (256, 64) and (512, 0): the SIMT kernel in one
+// split, every dtype pair, dense (causal, masks, sinks), ragged and sparse.
+std::vector<Case> head_dim_cases() {
+  std::vector<Case> cases;
+  const std::pair<DataType, DataType> pairs[] = {
+      {kBf16, kBf16}, {kFp16, kFp16}, {kFp8, kFp8}, {kBf16, kFp8}};
+  for (auto [L, R] : {std::pair{256, 64}, std::pair{512, 0}}) {
+    for (auto [q, kv] : pairs) {
+      Case c;
+      c.L = L;
+      c.R = R;
+      c.B = 3;
+      c.H = q == kBf16 ? 128 : 16;
+      c.q_len = 2;
+      c.seq_lens = {700, 1, 0};
+      c.q_dtype = q;
+      c.kv_dtype = kv;
+      c.sinks = kv == kBf16;
+      c.mask = q == kFp16 ? Mask::kU32 : Mask::kNone;
+      c.seed = 4600 + cases.size();
+      cases.push_back(c);
+    }
+    Case c;  // ragged, sparse with per-token lens
+    c.L = L;
+    c.R = R;
+    c.B = 3;
+    c.H = 64;
+    c.ragged_q_lens = {2, 1, 3};
+    c.seq_lens = {90, 40, 5};
+    c.top_k = 64;
+    c.topk_lens = oracle::TopkLens::kPerToken;
+    c.seed = 4600 + cases.size();
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<Case> one_split_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -1109,6 +1146,7 @@ INSTANTIATE_TEST_SUITE_P(Schedule, Sm90Decode, ::testing::ValuesIn(schedule_case
 INSTANTIATE_TEST_SUITE_P(Splits, Sm90Decode, ::testing::ValuesIn(split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Decode, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(DTypes, Sm90Decode, ::testing::ValuesIn(dtype_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(HeadDims, Sm90Decode, ::testing::ValuesIn(head_dim_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(OneSplit, Sm90Decode, ::testing::ValuesIn(one_split_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);

@@ -172,7 +172,10 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
 // Where the preferred split's partials do not fit the workspace cap, the splits (parts) halve
 // until they do. One split (one part) writes no partial row, so the loop ends.
 Layout layout_of(const Problem& p, const Family& f, int sms, const Switches& sw) {
-  int64_t cap = std::max<int64_t>(kMaxSplits, schedule::kMaxParts);
+  // NOTE: head dims other than (512, 64) run one split: the combine's rows are 512 wide.
+  int64_t cap = p.L == kKvLoraRank && p.R == kRopeHeadDim
+                    ? std::max<int64_t>(kMaxSplits, schedule::kMaxParts)
+                    : 1;
   Layout l = layout_with(p, f, sms, sw, cap);
   while (l.bytes > kWorkspaceCap && cap > 1) {
     cap /= 2;

@@ -291,6 +291,25 @@ bool tma_ready(const DecodeKernelParams& k, Elem kv, CUtensorMap* kv_map) {
   return aligned && tma::make_kv_tensor_map(k, kv, kv_map) == cudaSuccess;
 }
 
+// The SIMT kernel of head dims (L, R) for the plain (query, kv_cache) element pairs.
+template <int L, int R>
+cudaError_t launch_simt_dims(Elem q, Elem kv, const DecodeKernelParams& k, cudaStream_t stream,
+                             bool pdl) {
+  if (q == Elem::kBf16 && kv == Elem::kBf16) {
+    return simt::launch_simt<Elem::kBf16, Elem::kBf16, L, R>(k, stream, pdl);
+  }
+  if (q == Elem::kFp16 && kv == Elem::kFp16) {
+    return simt::launch_simt<Elem::kFp16, Elem::kFp16, L, R>(k, stream, pdl);
+  }
+  if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
+    return simt::launch_simt<Elem::kFp8E4M3, Elem::kFp8E4M3, L, R>(k, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
+    return simt::launch_simt<Elem::kBf16, Elem::kFp8E4M3, L, R>(k, stream, pdl);
+  }
+  MLA_FAIL(ErrorCode::kUnsupported, "backend sm90: no kernel for this (query, kv_cache) pair");
+}
+
 // Launches the route's decode kernel; `k` is the call's parameters in the uniform layout, to which
 // the balanced schedule's pieces are added where the seesaw kernel runs on it (the combine then
 // reads them too).
@@ -317,22 +336,12 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                                                       route.clean, stream, pdl);
     }
     case Kernel::kSimt:
-      if (q == Elem::kBf16 && kv == Elem::kBf16) {
-        return simt::launch_simt<Elem::kBf16, Elem::kBf16>(k, stream, pdl);
-      }
-      if (q == Elem::kFp16 && kv == Elem::kFp16) {
-        return simt::launch_simt<Elem::kFp16, Elem::kFp16>(k, stream, pdl);
-      }
-      if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
-        return simt::launch_simt<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, stream, pdl);
-      }
-      if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
-        return simt::launch_simt<Elem::kBf16, Elem::kFp8E4M3>(k, stream, pdl);
-      }
+      if (p.L == 256 && p.R == 64) return launch_simt_dims<256, 64>(q, kv, k, stream, pdl);
+      if (p.L == 512 && p.R == 0) return launch_simt_dims<512, 0>(q, kv, k, stream, pdl);
       if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
         return simt::launch_simt<Elem::kBf16, Elem::kFp8DsMla>(k, stream, pdl);
       }
-      break;
+      return launch_simt_dims<512, 64>(q, kv, k, stream, pdl);
     case Kernel::kNone:
       return cudaSuccess;
   }

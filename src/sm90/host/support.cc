@@ -6,11 +6,10 @@
 namespace mla::detail::sm90 {
 
 void check_support(const Problem& p) {
-  MLA_CHECK_ARG(p.L == kKvLoraRank && p.R == kRopeHeadDim, ErrorCode::kUnsupported,
-                "kv_lora_rank/qk_rope_head_dim: backend sm90 supports kv_lora_rank "
-                    << kKvLoraRank << " with qk_rope_head_dim " << kRopeHeadDim << " (D "
-                    << kKvLoraRank + kRopeHeadDim << ") only, got kv_lora_rank " << p.L
-                    << " and qk_rope_head_dim " << p.R);
+  MLA_CHECK_ARG(head_dims_supported(p.L, p.R), ErrorCode::kUnsupported,
+                "kv_lora_rank/qk_rope_head_dim: backend sm90 supports (kv_lora_rank, "
+                "qk_rope_head_dim) = (512, 64), (256, 64) or (512, 0), got ("
+                    << p.L << ", " << p.R << ")");
   MLA_CHECK_ARG(p.num_heads <= kMaxHeads, ErrorCode::kUnsupported,
                 "query: backend sm90 supports 1 to " << kMaxHeads << " heads, got " << p.num_heads);
   MLA_CHECK_ARG(p.page_size <= kMaxPageSize, ErrorCode::kUnsupported,

@@ -97,10 +97,10 @@ __device__ __forceinline__ long long key_row_offset(const DecodeKernelParams& p,
   return slot_page * p.kv_page_stride + slot_offset * p.kv_row_stride;
 }
 
-template <Elem Q, Elem KV>
-__global__ void __launch_bounds__(SimtTraits::kThreads, 1)
+template <Elem Q, Elem KV, int L, int R>
+__global__ void __launch_bounds__(SimtTraits<L, R>::kThreads, 1)
     simt_kernel(const __grid_constant__ DecodeKernelParams p) {
-  using Traits = SimtTraits;
+  using Traits = SimtTraits<L, R>;
   using QT = ElemTraits<Q>;
   using KT = ElemTraits<KV>;
   constexpr int kD = Traits::kD, kL = Traits::kL, kHeads = Traits::kHeads, kKeys = Traits::kKeys;
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
     __syncthreads();
 
     // ---- pv: acc[h][c] = acc[h][c] * rescale[h] + sum_j p[j][h] * v[j][c] ----
-    {
+    if (2 * tid < kL) {
       const int c = 2 * tid;
 #pragma unroll
       for (int h = 0; h < kHeads; ++h) {
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
     auto* out = static_cast<uint16_t*>(p.out);
 #pragma unroll
     for (int h = 0; h < kHeads; ++h) {
-      if (h < num_heads) {
+      if (h < num_heads && 2 * tid < kL) {
         const float f = smem.rescale[h];
         const uint32_t word =
             pack_out(p, f != 0.0f ? acc[h][0] * f : 0.0f, f != 0.0f ? acc[h][1] * f : 0.0f);
@@ -290,6 +290,8 @@ __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
   }
 
   // ---- store the split's partials: max, sum and o = bmm2 acc / sum (params.h) ----
+  // Other head dims run one split (route.cc): the combine's rows are 512 wide.
+  if constexpr (L != 512 || R != 64) return;
   const int64_t row0 = (static_cast<int64_t>(split) * p.num_tokens + tok.t) * p.num_heads + head0;
   const float bmm2_scale = bmm2_scale_of(p);
 #pragma unroll
@@ -308,11 +310,11 @@ __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
   }
 }
 
-template <Elem Q, Elem KV>
+template <Elem Q, Elem KV, int L, int R>
 cudaError_t launch_simt(const DecodeKernelParams& params, cudaStream_t stream, bool pdl) {
-  using Traits = SimtTraits;
-  constexpr size_t smem = sizeof(Traits::SharedMemoryPlan);
-  auto* kernel = &simt_kernel<Q, KV>;
+  using Traits = SimtTraits<L, R>;
+  constexpr size_t smem = sizeof(typename Traits::SharedMemoryPlan);
+  auto* kernel = &simt_kernel<Q, KV, L, R>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(params.num_tokens, (params.num_heads + Traits::kHeads - 1) / Traits::kHeads,

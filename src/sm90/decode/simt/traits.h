@@ -8,16 +8,22 @@
 
 namespace mla::sm90::simt {
 
+// L, R: the head dims (kv_lora_rank, qk_rope_head_dim); (512, 64) is DeepSeek's and the only
+// pair with split partials (the combine's row width); (256, 64) and (512, 0) run one split.
+template <int L = 512, int R = 64>
 struct SimtTraits {
   static constexpr int kThreads = 256;         // 8 warps
   static constexpr int kHeads = kHeadsPerCta;  // query heads of one token per CTA
   static constexpr int kKeys = kBlockKeys;     // keys per block
-  static constexpr int kD = 576;               // key width: kv_lora_rank 512 + rope 64
-  static constexpr int kL = 512;               // value width
-  // NOTE: rows padded to 580 floats: float4 reads of 32 different rows hit distinct banks.
+  static constexpr int kD = L + R;             // key width
+  static constexpr int kL = L;                 // value width
+  static_assert(kD % 4 == 0, "the score loop reads float4");
+  // NOTE: rows padded by 4 floats (580 for D 576): float4 reads of 32 different rows hit distinct
+  // banks.
   static constexpr int kRowPitch = kD + 4;
-  static constexpr int kColsPerThread = kL / kThreads;  // 2 output columns per thread
-  static_assert(kColsPerThread == 2, "the PV loop assumes float2 columns");
+  // Output columns 2 tid and 2 tid + 1: threads with 2 tid >= L hold none.
+  static constexpr int kColsPerThread = 2;
+  static_assert(kL <= 2 * kThreads && kL % 2 == 0, "the PV loop's float2 columns");
   static_assert(kThreads == 4 * kKeys, "the score loop assumes 4 threads per key");
 
   struct SharedMemoryPlan {
