@@ -1617,22 +1617,6 @@ TEST(Sm90DecodeSinks, SixteenBitSinksAreConverted) {
 // ---- Separate K/V page tables: [B, 2, max_pages] (contract section 3)
 // ----------------------------
 
-// The case's table as [B, 2, max_pages] (rows padded by `pad`); entries past the needed pages
-// differ between the rows and are invalid.
-std::vector<int32_t> kv_page_tables(const Built& b, int pad) {
-  const int64_t mp = b.max_pages, row = mp + pad, request = 2 * row + 2 * pad;
-  std::vector<int32_t> t(static_cast<size_t>(std::max<int64_t>(b.c.B * request, 1)), -3);
-  for (int r = 0; r < b.c.B; ++r) {
-    const int64_t needed = (std::max(b.c.seq_lens[r], 0) + b.c.page_size - 1) / b.c.page_size;
-    for (int64_t k = 0; k < mp; ++k) {
-      const int32_t page = b.block_tables[r * b.block_table_stride + k];
-      t[r * request + k] = page;
-      t[r * request + row + k] = k < needed ? page : -9;
-    }
-  }
-  return t;
-}
-
 TEST(Sm90DecodeTables, SeparateKvPageTablesGiveTheSameResult) {
   SKIP_WITHOUT_HOPPER();
   for (const NanRoute& route : nan_routes()) {
