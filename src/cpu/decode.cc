@@ -24,6 +24,7 @@
 
 #include "cpu/numeric.h"
 #include "host/backends.h"
+#include "host/bad_index.h"
 
 namespace mla::detail::cpu {
 namespace {
@@ -502,85 +503,55 @@ void decode_token(const Inputs& in, int64_t task, const Scratch& s) {
 }
 
 // ---- index checks ----
-
-[[noreturn]] void bad_index(const std::string& message) {
-  throw Error(ErrorCode::kBadIndex, message);
-}
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-// "name[b][i]" for [B, q_len, ...] tensors, "name[t]" for ragged [T, ...] ones.
-std::string token_entry(const char* name, const Problem& p, int64_t b, int64_t i, int64_t t) {
-  if (p.ragged) return std::string(name) + "[" + str(t) + "]";
-  return std::string(name) + "[" + str(b) + "][" + str(i) + "]";
-}
+// The checks and their order are the sm90 checked mode's (src/sm90/check/); the messages are
+// shared with it (host/bad_index.h).
 
 void check_seq_lens(const Problem& p, const int32_t* seq_lens) {
   const int64_t capacity = p.max_pages * p.page_size;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t len = seq_lens[b];
-    const std::string entry = "seq_lens[" + str(b) + "]: ";
-    if (len < 0) bad_index(entry + str(len) + " is negative");
-    if (len > p.max_seq_len) {
-      bad_index(entry + str(len) + " exceeds max_seq_len " + str(p.max_seq_len));
-    }
-    if (!p.sparse && len > capacity) {
-      bad_index(entry + str(len) + " exceeds the block_tables capacity " + str(capacity) + " (" +
-                str(p.max_pages) + " pages of " + str(p.page_size) + ")");
+    if (len < 0 || len > p.max_seq_len || (!p.sparse && len > capacity)) {
+      bad_index::fail(bad_index::seq_len(p, b, len));
     }
   }
 }
 
 void check_cum_seq_lens_q(const Problem& p, const int32_t* cum) {
-  if (cum[0] != 0) bad_index("cum_seq_lens_q[0]: expected 0, got " + str(cum[0]));
+  if (cum[0] != 0) bad_index::fail(bad_index::cum_seq_lens_q_first(cum[0]));
   const bool dense_mask = p.has_mask && !p.sparse;
   const int64_t mask_bits = p.mask_words * 32;
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t n = static_cast<int64_t>(cum[b + 1]) - cum[b];
-    const std::string entry = "cum_seq_lens_q[" + str(b + 1) + "]: ";
-    if (n < 0) {
-      bad_index(entry + str(cum[b + 1]) + " is less than cum_seq_lens_q[" + str(b) +
-                "] = " + str(cum[b]) + " (must be non-decreasing)");
-    }
-    if (n > p.max_q_len) {
-      bad_index(entry + "request " + str(b) + " has " + str(n) +
-                " query tokens, more than max_q_len " + str(p.max_q_len));
-    }
-    if (dense_mask && n > mask_bits) {
-      bad_index(entry + "request " + str(b) + " has " + str(n) + " query tokens, more than the " +
-                str(mask_bits) + " bits of a mask row (" + str(p.mask_words) + " uint32 words)");
+    if (n < 0 || n > p.max_q_len || (dense_mask && n > mask_bits)) {
+      bad_index::fail(bad_index::cum_seq_lens_q_request(p, b, cum[b], cum[b + 1]));
     }
   }
   if (cum[p.batch] != p.num_tokens) {
-    bad_index("cum_seq_lens_q[" + str(p.batch) + "]: expected the query token count " +
-              str(p.num_tokens) + ", got " + str(cum[p.batch]));
+    bad_index::fail(bad_index::cum_seq_lens_q_last(p, cum[p.batch]));
   }
 }
 
-// "block_tables[b][k]", or "block_tables[b][row][k]" for separate K/V page tables.
-std::string page_entry(const Problem& p, int64_t b, int64_t row, int64_t k) {
-  const std::string kv_row = p.kv_page_tables ? "[" + str(row) + "]" : "";
-  return "block_tables[" + str(b) + "]" + kv_row + "[" + str(k) + "]";
-}
-
-// Only the pages each request needs are read, so only those entries are checked. Separate K/V
-// page tables: row 1 must name the same pages as row 0 (MLA reads K and V from one row).
+// Only the pages each request needs are read, so only those entries are checked: first every
+// request's row 0, then, for separate K/V page tables, row 1 against row 0 (MLA reads K and V
+// from one row, so row 1 must name the same pages).
 void check_block_tables(const Problem& p, const int32_t* block_tables, const int32_t* seq_lens) {
+  auto pages_needed = [&](int64_t b) {
+    return (static_cast<int64_t>(seq_lens[b]) + p.page_size - 1) / p.page_size;
+  };
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t pages_needed =
-        (static_cast<int64_t>(seq_lens[b]) + p.page_size - 1) / p.page_size;
+    const int32_t* k_row = block_tables + b * p.block_table_stride;
+    for (int64_t k = 0; k < pages_needed(b); ++k) {
+      if (k_row[k] < 0 || k_row[k] >= p.num_pages) {
+        bad_index::fail(bad_index::page(p, b, k, k_row[k]));
+      }
+    }
+  }
+  if (!p.kv_page_tables) return;
+  for (int64_t b = 0; b < p.batch; ++b) {
     const int32_t* k_row = block_tables + b * p.block_table_stride;
     const int32_t* v_row = k_row + p.block_table_kv_stride;
-    for (int64_t k = 0; k < pages_needed; ++k) {
-      if (k_row[k] < 0 || k_row[k] >= p.num_pages) {
-        bad_index(page_entry(p, b, 0, k) + ": page id " + str(k_row[k]) + " out of range [0, " +
-                  str(p.num_pages) + ")");
-      }
-      if (p.kv_page_tables && v_row[k] != k_row[k]) {
-        bad_index(page_entry(p, b, 1, k) + ": page id " + str(v_row[k]) + " differs from " +
-                  page_entry(p, b, 0, k) + " = " + str(k_row[k]) +
-                  " (separate K/V page tables must name the same pages for MLA)");
-      }
+    for (int64_t k = 0; k < pages_needed(b); ++k) {
+      if (v_row[k] != k_row[k]) bad_index::fail(bad_index::kv_page(b, k, k_row[k], v_row[k]));
     }
   }
 }
@@ -588,20 +559,15 @@ void check_block_tables(const Problem& p, const int32_t* block_tables, const int
 // Only the entries each token counts are read (counted_entries), so only those are checked.
 void check_sparse(const Problem& p, const Inputs& in) {
   if (in.topk_lens) {
-    auto check_len = [&](int64_t len, const std::string& entry) {
-      if (len < 0 || len > p.top_k) {
-        bad_index(entry + ": " + str(len) + " out of range [0, " + str(p.top_k) + "]");
-      }
-    };
     if (p.topk_lens_mode == TopkLensMode::kPerRequest) {
       for (int64_t b = 0; b < p.batch; ++b) {
-        check_len(in.topk_lens[b * p.topk_lens.batch], "sparse_topk_lens[" + str(b) + "]");
+        const int64_t len = in.topk_lens[b * p.topk_lens.batch];
+        if (len < 0 || len > p.top_k) bad_index::fail(bad_index::topk_len(p, b, len));
       }
     } else {
       for (int64_t task = 0; task < p.num_tokens; ++task) {
-        const Token tok = token_of(in, task);
-        check_len(in.topk_lens[row_offset(p.topk_lens, tok)],
-                  token_entry("sparse_topk_lens", p, tok.b, tok.i, tok.t));
+        const int64_t len = in.topk_lens[row_offset(p.topk_lens, token_of(in, task))];
+        if (len < 0 || len > p.top_k) bad_index::fail(bad_index::topk_len(p, task, len));
       }
     }
   }
@@ -612,8 +578,7 @@ void check_sparse(const Problem& p, const Inputs& in) {
     const int32_t* entries = in.sparse_indices + row_offset(p.sparse_indices, tok);
     for (int64_t k = 0; k < count; ++k) {
       if (entries[k] < -1 || entries[k] >= num_slots) {
-        bad_index(token_entry("sparse_indices", p, tok.b, tok.i, tok.t) + "[" + str(k) +
-                  "]: slot " + str(entries[k]) + " out of range [-1, " + str(num_slots) + ")");
+        bad_index::fail(bad_index::sparse_index(p, task, k, entries[k]));
       }
     }
   }

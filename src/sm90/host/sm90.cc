@@ -11,6 +11,7 @@
 #include <string>
 
 #include "host/backends.h"
+#include "host/bad_index.h"
 #include "host/check.h"
 #include "sm90/check/launch.h"
 #include "sm90/decode/combine/launch.h"
@@ -54,8 +55,6 @@ int log2_exact(int64_t v) {
 
 // ---- checked mode ----
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 template <typename T>
 T read_one(const void* base, int64_t index) {
   T value{};
@@ -65,99 +64,59 @@ T read_one(const void* base, int64_t index) {
   return value;
 }
 
-// "name[b][i]" for [B, q_len, ...] tensors, "name[t]" for ragged [T, ...] ones.
-std::string token_entry(const char* name, const Problem& p, int64_t t) {
-  if (p.ragged) return std::string(name) + "[" + str(t) + "]";
-  return std::string(name) + "[" + str(t / p.q_len) + "][" + str(t % p.q_len) + "]";
-}
-
+// Reads back the entry (or entries) that the index check's record key names and throws the
+// message the cpu backend gives for it (host/bad_index.h).
 [[noreturn]] void report_bad_index(const Problem& p, const DecodeParams& prm,
                                    unsigned long long key) {
   const auto kind = static_cast<IndexCheck>(key >> ::mla::sm90::kIndexCheckShift);
   const int64_t k = static_cast<int64_t>(key & ((1ull << ::mla::sm90::kIndexCheckShift) - 1));
-  std::string msg;
   switch (kind) {
-    case IndexCheck::kSeqLens: {
-      const int64_t len = read_one<int32_t>(prm.seq_lens.data, k * prm.seq_lens.strides[0]);
-      msg = "seq_lens[" + str(k) + "]: " + str(len);
-      if (len < 0) {
-        msg += " is negative";
-      } else if (len > p.max_seq_len) {
-        msg += " exceeds max_seq_len " + str(p.max_seq_len);
-      } else {
-        msg += " exceeds the block_tables capacity " + str(p.max_pages * p.page_size) + " (" +
-               str(p.max_pages) + " pages of " + str(p.page_size) + ")";
-      }
-      break;
-    }
+    case IndexCheck::kSeqLens:
+      bad_index::fail(bad_index::seq_len(
+          p, k, read_one<int32_t>(prm.seq_lens.data, k * prm.seq_lens.strides[0])));
     case IndexCheck::kCumSeqLensQ: {
+      // Entry 0: cum[0]; entry b + 1: request b; entry B + 1: cum[B].
       const void* cum = prm.cum_seq_lens_q.data;
-      if (k == 0) {
-        msg = "cum_seq_lens_q[0]: expected 0, got " + str(read_one<int32_t>(cum, 0));
-      } else if (k <= p.batch) {
-        const int64_t lo = read_one<int32_t>(cum, k - 1), hi = read_one<int32_t>(cum, k);
-        const int64_t n = hi - lo;
-        msg = "cum_seq_lens_q[" + str(k) + "]: ";
-        if (n < 0) {
-          msg += str(hi) + " is less than cum_seq_lens_q[" + str(k - 1) + "] = " + str(lo) +
-                 " (must be non-decreasing)";
-        } else if (n > p.max_q_len) {
-          msg += "request " + str(k - 1) + " has " + str(n) +
-                 " query tokens, more than max_q_len " + str(p.max_q_len);
-        } else {
-          msg += "request " + str(k - 1) + " has " + str(n) + " query tokens, more than the " +
-                 str(p.mask_words * 32) + " bits of a mask row (" + str(p.mask_words) +
-                 " uint32 words)";
-        }
-      } else {
-        msg = "cum_seq_lens_q[" + str(p.batch) + "]: expected the query token count " +
-              str(p.num_tokens) + ", got " + str(read_one<int32_t>(cum, p.batch));
+      if (k == 0) bad_index::fail(bad_index::cum_seq_lens_q_first(read_one<int32_t>(cum, 0)));
+      if (k <= p.batch) {
+        bad_index::fail(bad_index::cum_seq_lens_q_request(p, k - 1, read_one<int32_t>(cum, k - 1),
+                                                          read_one<int32_t>(cum, k)));
       }
-      break;
+      bad_index::fail(bad_index::cum_seq_lens_q_last(p, read_one<int32_t>(cum, p.batch)));
     }
     case IndexCheck::kBlockTables: {
       const int64_t b = k / p.max_pages, page = k % p.max_pages;
-      const int64_t id = read_one<int32_t>(prm.block_tables.data, b * p.block_table_stride + page);
-      msg = "block_tables[" + str(b) + (p.kv_page_tables ? "][0][" : "][") + str(page) +
-            "]: page id " + str(id) + " out of range [0, " + str(p.num_pages) + ")";
-      break;
+      bad_index::fail(bad_index::page(
+          p, b, page, read_one<int32_t>(prm.block_tables.data, b * p.block_table_stride + page)));
     }
     case IndexCheck::kKvPageTables: {
       const int64_t b = k / p.max_pages, page = k % p.max_pages;
       const int64_t row0 = b * p.block_table_stride + page;
-      const int64_t id0 = read_one<int32_t>(prm.block_tables.data, row0);
-      const int64_t id1 = read_one<int32_t>(prm.block_tables.data, row0 + p.block_table_kv_stride);
-      msg = "block_tables[" + str(b) + "][1][" + str(page) + "]: page id " + str(id1) +
-            " differs from block_tables[" + str(b) + "][0][" + str(page) + "] = " + str(id0) +
-            " (separate K/V page tables must name the same pages for MLA)";
-      break;
+      bad_index::fail(bad_index::kv_page(
+          b, page, read_one<int32_t>(prm.block_tables.data, row0),
+          read_one<int32_t>(prm.block_tables.data, row0 + p.block_table_kv_stride)));
     }
     case IndexCheck::kTopkLens: {
-      const bool per_request = p.topk_lens_mode == TopkLensMode::kPerRequest;
-      const int64_t offset =
-          per_request ? k * p.topk_lens.batch
-          : p.ragged  ? k * p.topk_lens.token
-                      : (k / p.q_len) * p.topk_lens.batch + (k % p.q_len) * p.topk_lens.token;
-      const int64_t len = read_one<int32_t>(prm.sparse_topk_lens.data, offset);
-      msg = (per_request ? "sparse_topk_lens[" + str(k) + "]"
-                         : token_entry("sparse_topk_lens", p, k)) +
-            ": " + str(len) + " out of range [0, " + str(p.top_k) + "]";
-      break;
+      // Entry k: request k ([B] lengths) or global query token k (per-token lengths).
+      int64_t offset = k * p.topk_lens.batch;
+      if (p.topk_lens_mode == TopkLensMode::kPerToken) {
+        offset = p.ragged ? k * p.topk_lens.token
+                          : (k / p.q_len) * p.topk_lens.batch + (k % p.q_len) * p.topk_lens.token;
+      }
+      bad_index::fail(
+          bad_index::topk_len(p, k, read_one<int32_t>(prm.sparse_topk_lens.data, offset)));
     }
     case IndexCheck::kSparseIndices: {
       const int64_t t = k / p.top_k, e = k % p.top_k;
       const int64_t offset = p.ragged ? t * p.sparse_indices.token
                                       : (t / p.q_len) * p.sparse_indices.batch +
                                             (t % p.q_len) * p.sparse_indices.token;
-      const int64_t slot = read_one<int32_t>(prm.sparse_indices.data, offset + e);
-      msg = token_entry("sparse_indices", p, t) + "[" + str(e) + "]: slot " + str(slot) +
-            " out of range [-1, " + str(p.num_pages * p.page_size) + ")";
-      break;
+      bad_index::fail(
+          bad_index::sparse_index(p, t, e, read_one<int32_t>(prm.sparse_indices.data, offset + e)));
     }
-    default:
-      msg = "index check: unknown record " + str(static_cast<int64_t>(key));
   }
-  throw Error(ErrorCode::kBadIndex, msg);
+  throw Error(ErrorCode::kBadIndex,
+              "index check: unknown record " + std::to_string(static_cast<int64_t>(key)));
 }
 
 void check_indices(const Problem& p, const DecodeParams& prm, uint8_t* workspace,
