@@ -46,7 +46,7 @@ def check_backend(backend: Any) -> str:
     return backend  # other names: the C++ side names the accepted ones
 
 
-def _tensor(name: str, x: Any, required: bool = False) -> Any:
+def _tensor(name: str, x: Any, required: bool = False, written: bool = False) -> Any:
     if x is None:
         if required:
             raise ValueError(f"{name}: expected a tensor, got None")
@@ -55,17 +55,24 @@ def _tensor(name: str, x: Any, required: bool = False) -> Any:
         raise TypeError(
             f"{name}: expected a DLPack tensor (torch, numpy, cupy, jax), got {type(x).__name__}"
         )
-    return x
-
-
-def _output(name: str, x: Any) -> Any:
-    x = _tensor(name, x)
-    if x is not None and _arrays.is_immutable(x):
+    if written and _arrays.is_immutable(x):
         raise TypeError(
             f"{name}: JAX arrays are immutable and cannot be written; pass None (the result is "
             "allocated and returned as a JAX array) or a NumPy/PyTorch/CuPy array"
         )
+    if _arrays.is_read_only(x):
+        # NumPy refuses to export a read-only array through the DLPack version tvm-ffi asks for
+        # (BufferError); an input is refused too, since that DLPack cannot mark it read-only.
+        raise ValueError(
+            f"{name}: expected a writable array, got a read-only NumPy array (flags.writeable is "
+            "False); "
+            + ("pass a writable array or None" if written else "pass a copy (x.copy())")
+        )
     return x
+
+
+def _output(name: str, x: Any) -> Any:
+    return _tensor(name, x, written=True)
 
 
 def _int(name: str, value: Any) -> int:
@@ -74,6 +81,16 @@ def _int(name: str, value: Any) -> int:
     value = int(value)
     if not -(2**63) <= value < 2**63:
         raise ValueError(f"{name}: expected a value that fits int64, got {value}")
+    return value
+
+
+def _bound(name: str, value: Any, default: str) -> int:
+    """A host upper bound: None (``default``; the library's -1) or an int >= 0."""
+    if value is None:
+        return -1
+    value = _int(name, value)
+    if value < 0:
+        raise ValueError(f"{name}: expected None ({default}) or a bound >= 0, got {value}")
     return value
 
 
@@ -86,7 +103,7 @@ def _float(name: str, value: Any) -> float:
 def _scale(name: str, value: Any) -> Tuple[float, Any]:
     """(host value, device tensor) of a scale given as a float or a 1-element fp32 tensor."""
     if _arrays.is_tensor(value) and not isinstance(value, numbers.Real):
-        return 1.0, value
+        return 1.0, _tensor(name, value)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value), None
     raise TypeError(
@@ -160,8 +177,8 @@ class _Call:
         self.kv_lora_rank = _int("kv_lora_rank", kv_lora_rank)
         self.qk_rope_head_dim = _int("qk_rope_head_dim", qk_rope_head_dim)
         self.qk_nope_head_dim = _int("qk_nope_head_dim", qk_nope_head_dim)
-        self.max_seq_len = -1 if max_seq_len is None else _int("max_seq_len", max_seq_len)
-        self.max_q_len = -1 if max_q_len is None else _int("max_q_len", max_q_len)
+        self.max_seq_len = _bound("max_seq_len", max_seq_len, "the block tables' capacity")
+        self.max_q_len = _bound("max_q_len", max_q_len, "the query tokens T")
         self.sparse_top_k = _int("sparse_top_k", sparse_top_k)
         self.bmm1_scale, self.bmm1_scale_tensor = _scale("bmm1_scale", bmm1_scale)
         self.bmm2_scale, self.bmm2_scale_tensor = _scale("bmm2_scale", bmm2_scale)
@@ -313,9 +330,10 @@ def batch_decode(
         return_lse: return ``(out, lse)`` instead of ``out``.
         kv_lora_rank: L (default 512). qk_rope_head_dim: R (default 64).
         qk_nope_head_dim: informational, must be positive (default 128).
-        max_seq_len: host upper bound of seq_lens. Default: the block tables' capacity.
+        max_seq_len: host upper bound of seq_lens, >= 0. Default None: the block tables'
+            capacity (in sparse mode: no bound).
         cum_seq_lens_q: ``[B + 1]`` int32 (0 first, T last, non-decreasing): ragged queries.
-        max_q_len: host upper bound of the ragged query lengths. Default: T.
+        max_q_len: host upper bound of the ragged query lengths, >= 0. Default None: T.
         sinks: ``[H]`` float32, bfloat16 or float16 per-head sink logits (natural log, not scaled
             by bmm1_scale); passed as given, never converted.
         mask: ``[B, q_len, W]`` / ``[T, W]`` uint32 packed little-endian bits, or uint16 with 2W

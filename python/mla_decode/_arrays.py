@@ -232,6 +232,12 @@ def is_immutable(x: Any) -> bool:
     return framework(x) == "jax"
 
 
+def is_read_only(x: Any) -> bool:
+    """A NumPy array that may not be written (``flags.writeable`` False: a broadcast view, a
+    buffer of bytes, an array locked by its owner); NumPy refuses to export those for writing."""
+    return framework(x) == "numpy" and not x.flags.writeable
+
+
 def sync_jax_inputs(tensors: Any) -> None:
     """JAX computes asynchronously on its own streams: wait for JAX inputs before a launch."""
     for t in tensors:

@@ -265,6 +265,7 @@ int gather_block(const Inputs& in, const Token& tok, int64_t block, int64_t exte
     }
     return n;
   }
+  if (begin >= end) return n;  // no key: no row pointer formed (block_tables may be empty)
   const int32_t* pages = in.block_tables + tok.b * p.block_table_stride;
   const uint8_t* mask_row =
       in.mask ? in.mask + row_offset(p.mask, tok) * in.mask_element_bytes : nullptr;
@@ -538,7 +539,9 @@ void check_block_tables(const Problem& p, const int32_t* block_tables, const int
   auto pages_needed = [&](int64_t b) {
     return (static_cast<int64_t>(seq_lens[b]) + p.page_size - 1) / p.page_size;
   };
+  // NOTE: a request without a needed page forms no row pointer (block_tables may be empty).
   for (int64_t b = 0; b < p.batch; ++b) {
+    if (pages_needed(b) <= 0) continue;
     const int32_t* k_row = block_tables + b * p.block_table_stride;
     for (int64_t k = 0; k < pages_needed(b); ++k) {
       if (k_row[k] < 0 || k_row[k] >= p.num_pages) {
@@ -548,6 +551,7 @@ void check_block_tables(const Problem& p, const int32_t* block_tables, const int
   }
   if (!p.kv_page_tables) return;
   for (int64_t b = 0; b < p.batch; ++b) {
+    if (pages_needed(b) <= 0) continue;
     const int32_t* k_row = block_tables + b * p.block_table_stride;
     const int32_t* v_row = k_row + p.block_table_kv_stride;
     for (int64_t k = 0; k < pages_needed(b); ++k) {

@@ -142,7 +142,8 @@ void check_backend_support(const Problem& p) {
 
 // Scale given either as a host float or as a one-element fp32 tensor. Any value is accepted: a
 // NaN or inf scale propagates to the rows it touches (docs/contract.md section 1), as a tensor's
-// does.
+// does. Messages name the tensor "bmm1_scale (tensor)": the argument is bmm1_scale_tensor in C++
+// and a tensor passed as bmm1_scale in Python, and the name must make sense in both.
 bool check_scale(const TensorView& tensor, const char* tensor_name, Device device) {
   if (!tensor.defined()) return false;
   check_tensor(tensor, tensor_name, device);
@@ -203,6 +204,11 @@ Problem validate(const DecodeParams& prm) {
                 "qk_rope_head_dim: expected a non-negative value, got " << prm.qk_rope_head_dim);
   MLA_CHECK_ARG(prm.qk_nope_head_dim > 0, ErrorCode::kInvalidArgument,
                 "qk_nope_head_dim: expected a positive value, got " << prm.qk_nope_head_dim);
+  MLA_CHECK_ARG(int64_t{prm.kv_lora_rank} + prm.qk_rope_head_dim <= INT32_MAX,
+                ErrorCode::kInvalidArgument,
+                "qk_rope_head_dim: expected kv_lora_rank + qk_rope_head_dim to fit int32, got "
+                    << prm.kv_lora_rank << " + " << prm.qk_rope_head_dim << " = "
+                    << int64_t{prm.kv_lora_rank} + prm.qk_rope_head_dim);
   p.L = prm.kv_lora_rank;
   p.R = prm.qk_rope_head_dim;
   p.D = p.L + p.R;
@@ -259,6 +265,11 @@ Problem validate(const DecodeParams& prm) {
   if (p.ragged) {
     p.batch = prm.seq_lens.shape[0];
     p.num_tokens = prm.query.shape[0];
+    // cum_seq_lens_q holds B + 1 int32 offsets: B + 1 must fit int32 (and cannot overflow).
+    MLA_CHECK_ARG(p.batch < INT32_MAX, ErrorCode::kInvalidArgument,
+                  "seq_lens: expected at most 2^31 - 2 requests (B) with cum_seq_lens_q, whose B + "
+                  "1 entries are indexed in int32, got B = "
+                      << p.batch);
     check_tensor(prm.cum_seq_lens_q, "cum_seq_lens_q", device);
     check_rank(prm.cum_seq_lens_q, "cum_seq_lens_q", 1, "[B + 1]");
     check_dtype(prm.cum_seq_lens_q, "cum_seq_lens_q", dtype::kInt32);
@@ -469,8 +480,8 @@ Problem validate(const DecodeParams& prm) {
     p.has_sinks = true;
     p.sinks_dtype = st;
   }
-  p.has_bmm1_tensor = check_scale(prm.bmm1_scale_tensor, "bmm1_scale_tensor", device);
-  p.has_bmm2_tensor = check_scale(prm.bmm2_scale_tensor, "bmm2_scale_tensor", device);
+  p.has_bmm1_tensor = check_scale(prm.bmm1_scale_tensor, "bmm1_scale (tensor)", device);
+  p.has_bmm2_tensor = check_scale(prm.bmm2_scale_tensor, "bmm2_scale (tensor)", device);
   const float f = prm.skip_softmax_threshold_scale_factor;
   MLA_CHECK_ARG(std::isfinite(f) && f >= 0.0f, ErrorCode::kInvalidArgument,
                 "skip_softmax_threshold_scale_factor: expected 0 (off) or a finite positive "
@@ -537,8 +548,8 @@ void check_outputs_apart(const DecodeParams& prm) {
                                 {"mask", &prm.mask},
                                 {"sparse_indices", &prm.sparse_indices},
                                 {"sparse_topk_lens", &prm.sparse_topk_lens},
-                                {"bmm1_scale_tensor", &prm.bmm1_scale_tensor},
-                                {"bmm2_scale_tensor", &prm.bmm2_scale_tensor},
+                                {"bmm1_scale (tensor)", &prm.bmm1_scale_tensor},
+                                {"bmm2_scale (tensor)", &prm.bmm2_scale_tensor},
                                 {"workspace", &prm.workspace}};
   const NamedTensor out{"out", &prm.out}, lse{"lse", &prm.lse};
   for (const NamedTensor& input : inputs) check_apart(out, input);

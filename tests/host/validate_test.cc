@@ -278,8 +278,8 @@ class ValidateTest : public ::testing::Test {
             {"mask", &DecodeParams::mask},
             {"sparse_indices", &DecodeParams::sparse_indices},
             {"sparse_topk_lens", &DecodeParams::sparse_topk_lens},
-            {"bmm1_scale_tensor", &DecodeParams::bmm1_scale_tensor},
-            {"bmm2_scale_tensor", &DecodeParams::bmm2_scale_tensor},
+            {"bmm1_scale (tensor)", &DecodeParams::bmm1_scale_tensor},
+            {"bmm2_scale (tensor)", &DecodeParams::bmm2_scale_tensor},
             {"out", &DecodeParams::out},
             {"lse", &DecodeParams::lse}};
   }
@@ -500,6 +500,17 @@ TEST_F(ValidateTest, RopeHeadDimZeroIsAccepted) {
   p_.qk_rope_head_dim = 0;
   refresh_workspace();
   decode_ok();
+}
+
+// D = L + R is int32: a sum past INT32_MAX is refused, not wrapped (signed overflow).
+TEST_F(ValidateTest, HeadDimsSumMustFitInt32) {
+  p_.kv_lora_rank = std::numeric_limits<int32_t>::max();
+  p_.qk_rope_head_dim = 1;
+  expect_error(
+      ErrorCode::kInvalidArgument, "qk_rope_head_dim",
+      {"expected kv_lora_rank + qk_rope_head_dim to fit int32", "got 2147483647 + 1 = 2147483648"});
+  p_.qk_rope_head_dim = 0;  // D = INT32_MAX fits, and then does not match the query
+  expect_error(ErrorCode::kInvalidArgument, "query", {"= 2147483647, got 48"});
 }
 
 TEST_F(ValidateTest, NopeHeadDimMustBePositive) {
@@ -1002,6 +1013,18 @@ TEST_F(ValidateTest, MaxSeqLenBelowMinusOne) {
                {"expected -1 (unknown) or a non-negative bound", "got -5"});
 }
 
+// Block tables without pages ([B, 0], no memory, any row stride) with empty requests are valid:
+// nothing is read from them. Found by scripts/fuzz_validate.sh: the cpu backend's index check
+// formed row pointers from the null data pointer and the stride (undefined behavior that
+// UBSan reports in the fuzzing build, harmless here).
+TEST_F(ValidateTest, BlockTablesWithoutPagesOrMemory) {
+  seq_lens_ = {0, 0};
+  p_.block_tables = TensorView::strided(nullptr, dtype::kInt32, {kB, 0},
+                                        {std::numeric_limits<int32_t>::max(), 1});
+  decode_ok();
+  for (float v : lse_) EXPECT_EQ(v, -kInf);
+}
+
 // ---- Sizes that overflow int32 index math (fake shapes: validation fails before any access) ----
 
 TEST_F(ValidateTest, KvCacheSlotsOverflowInt32) {
@@ -1023,6 +1046,21 @@ TEST_F(ValidateTest, QueryRowsOverflowInt32) {
       {"expected at most 2^31 - 1 query rows (tokens * H)", "got 4 * 536870912 = 2147483648"});
   p_.query.shape[2] = p_.out.shape[2] = p_.lse.shape[2] = kPow2_29 - 1;
   EXPECT_NO_THROW(mla::workspace_size(p_));
+}
+
+// Ragged: B + 1 (the length of cum_seq_lens_q) must not overflow (found by
+// scripts/fuzz_validate.sh: seq_lens of shape [INT64_MAX] made B + 1 a signed overflow).
+TEST_F(ValidateTest, RaggedBatchOverflowsInt32) {
+  make_ragged();
+  p_.seq_lens.shape[0] = std::numeric_limits<int64_t>::max();
+  expect_error(ErrorCode::kInvalidArgument, "seq_lens",
+               {"expected at most 2^31 - 2 requests (B) with cum_seq_lens_q",
+                "got B = 9223372036854775807"});
+  p_.seq_lens.shape[0] = std::numeric_limits<int32_t>::max();
+  expect_error(ErrorCode::kInvalidArgument, "seq_lens", {"got B = 2147483647"});
+  p_.seq_lens.shape[0] = std::numeric_limits<int32_t>::max() - 1;  // fits; then cum_seq_lens_q
+  expect_error(ErrorCode::kInvalidArgument, "cum_seq_lens_q",
+               {"expected length B + 1 (B from seq_lens) = 2147483647"});
 }
 
 TEST_F(ValidateTest, BlockTablesCapacityOverflowsInt32) {
@@ -1078,7 +1116,7 @@ TEST_F(ValidateTest, HugeShapesDoNotWrapAround) {
   // numel = 7 * 7905747460161236407 = 1 (mod 2^64): not "exactly 1 element".
   make_dense();
   p_.bmm1_scale_tensor = huge_view(lse_.data(), dtype::kFloat32, {7, int64_t{0x6db6db6db6db6db7}});
-  expect_rejected("bmm1_scale_tensor", "expected exactly 1 element");
+  expect_rejected("bmm1_scale (tensor)", "expected exactly 1 element");
 }
 
 // ---- Sparse mode ----
@@ -1449,28 +1487,29 @@ TEST_F(ValidateTest, SinksMustBeContiguous) {
 TEST_F(ValidateTest, ScaleTensorDtype) {
   add_scale_tensors();
   p_.bmm1_scale_tensor.dtype = dtype::kBFloat16;
-  expect_error(ErrorCode::kTypeError, "bmm1_scale_tensor",
+  expect_error(ErrorCode::kTypeError, "bmm1_scale (tensor)",
                {"expected dtype float32", "got bfloat16"});
   add_scale_tensors();
   p_.bmm2_scale_tensor.dtype = dtype::kInt32;
-  expect_error(ErrorCode::kTypeError, "bmm2_scale_tensor", {"expected dtype float32", "got int32"});
+  expect_error(ErrorCode::kTypeError, "bmm2_scale (tensor)",
+               {"expected dtype float32", "got int32"});
 }
 
 TEST_F(ValidateTest, ScaleTensorHasOneElement) {
   std::vector<float> two = {1.0f, 2.0f};
   p_.bmm1_scale_tensor = TensorView::contiguous(two.data(), dtype::kFloat32, {2});
-  expect_error(ErrorCode::kInvalidArgument, "bmm1_scale_tensor",
+  expect_error(ErrorCode::kInvalidArgument, "bmm1_scale (tensor)",
                {"expected exactly 1 element", "got shape [2]"});
   p_.bmm1_scale_tensor = TensorView{};
   p_.bmm2_scale_tensor = TensorView::contiguous(two.data(), dtype::kFloat32, {1, 2});
-  expect_error(ErrorCode::kInvalidArgument, "bmm2_scale_tensor",
+  expect_error(ErrorCode::kInvalidArgument, "bmm2_scale (tensor)",
                {"expected exactly 1 element", "got shape [1, 2]"});
 }
 
 TEST_F(ValidateTest, ScaleTensorOnAnotherDevice) {
   add_scale_tensors();
   p_.bmm2_scale_tensor.device = kCuda0;
-  expect_error(ErrorCode::kDeviceError, "bmm2_scale_tensor",
+  expect_error(ErrorCode::kDeviceError, "bmm2_scale (tensor)",
                {"expected device cpu (the query's)", "got cuda:0"});
 }
 

@@ -266,6 +266,63 @@ def test_plan_and_workspace_size_validate_too(rng):
     expect_error(ValueError, "kv_cache", case, fn=mla_decode.plan, kv_cache=case.kv_cache[0])
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("name", ["out", "lse", "workspace"])
+def test_read_only_outputs_and_workspace_are_refused(rng, name):
+    # NumPy itself would raise BufferError when the array is handed over through DLPack.
+    case = base_case(rng)
+    size = mla_decode.workspace_size(*case.args(), **case.kwargs())
+    given = dict(out=np.zeros(case.query.shape[:-1] + (32,), np.float16),
+                 lse=np.zeros(case.query.shape[:-1], np.float32),
+                 workspace=np.zeros(size, np.uint8))
+    message = expect_error(ValueError, f"{name}: expected a writable array", case,
+                           **{name: read_only(given[name])})
+    assert "read-only NumPy array" in message
+    if name == "workspace":  # plan() takes it too
+        with pytest.raises(ValueError, match="^workspace: expected a writable array"):
+            mla_decode.plan(*case.args(), workspace=read_only(given[name]), **case.kwargs())
+
+
+@pytest.mark.parametrize("name", ["query", "kv_cache", "block_tables", "seq_lens", "bmm1_scale"])
+def test_read_only_inputs_are_refused_by_name(rng, name):
+    case = base_case(rng)
+    given = dict(zip(POSITIONAL, case.args()), bmm1_scale=np.array([0.125], np.float32))[name]
+    message = expect_error(ValueError, f"{name}: expected a writable array", case,
+                           **{name: read_only(given)})
+    assert "x.copy()" in message
+
+
+DEFAULT_BOUNDS = {"max_seq_len": "the block tables' capacity", "max_q_len": "the query tokens T"}
+
+
+@pytest.mark.parametrize("fn", [mla_decode.batch_decode, mla_decode.workspace_size,
+                                mla_decode.plan])
+@pytest.mark.parametrize("name", sorted(DEFAULT_BOUNDS))
+def test_negative_bounds_are_refused(rng, fn, name):
+    # None is the default; -1 is the C++ API's spelling of it, not a Python value.
+    case = make_case(rng, ragged_q_lens=[1, 2], heads=4, page_size=4, seq_lens=[3, 9])
+    for value in (-1, -7):
+        message = expect_error(ValueError, name, case, fn=fn, **{name: value})
+        assert message == (
+            f"{name}: expected None ({DEFAULT_BOUNDS[name]}) or a bound >= 0, got {value}"
+        )
+    fn(*case.args(), **case.kwargs(), **{name: None})
+    fn(*case.args(), **case.kwargs(), **{name: 9 if name == "max_seq_len" else 2})
+
+
+@pytest.mark.parametrize("name", ["bmm1_scale", "bmm2_scale"])
+def test_scale_tensor_messages_name_the_python_argument(rng, name):
+    case = base_case(rng)
+    for bad, exc in ((np.ones(2, np.float32), ValueError), (np.ones(1, np.float64), TypeError)):
+        message = expect_error(exc, f"{name} (tensor): expected", case, **{name: bad})
+        assert "_tensor" not in message, message
+
+
 def test_jax_outputs_are_refused(rng):
     jnp = pytest.importorskip("jax.numpy")
     case = base_case(rng)
@@ -305,7 +362,7 @@ def test_outputs_must_not_overlap_an_input(rng, name, output):
     if output == "lse":
         change["return_lse"] = True
     message = expect_error(ValueError, output, case, **change)
-    named = "bmm1_scale_tensor" if name == "bmm1_scale" else name  # the library's name for it
+    named = "bmm1_scale (tensor)" if name == "bmm1_scale" else name  # a tensor given as bmm1_scale
     assert message.startswith(f"{output}: overlaps {named} (bytes [0x"), message
     np.testing.assert_array_equal(copy, before)
 
