@@ -25,6 +25,7 @@
 #include "cpu/numeric.h"
 #include "host/backends.h"
 #include "host/bad_index.h"
+#include "host/check.h"
 
 namespace mla::detail::cpu {
 namespace {
@@ -592,6 +593,14 @@ void check_sparse(const Problem& p, const Inputs& in) {
 
 size_t workspace_size(const Problem& problem) {
   if (problem.batch == 0 || problem.num_tokens == 0) return 0;
+  // NOTE: validation bounds T x H and D by int32, not H x D: a view of H and D near 2^31 (stride-0
+  // heads) would wrap the scratch size. One worker's slice is bounded first, in floats.
+  const double floats = static_cast<double>(problem.num_heads) * (problem.D + problem.L + 72) +
+                        static_cast<double>(kBlockKeys) * problem.D;
+  constexpr double kMaxSliceFloats = static_cast<double>(int64_t{1} << 40);
+  MLA_CHECK_ARG(floats <= kMaxSliceFloats, ErrorCode::kInvalidArgument,
+                "query: the cpu backend's scratch for " << problem.num_heads << " heads of D "
+                                                        << problem.D << " exceeds 2^40 floats");
   // Slack for aligning the base pointer, then one slice per worker.
   return kScratchAlign +
          static_cast<size_t>(workspace_workers(problem)) * scratch_layout(problem).bytes;

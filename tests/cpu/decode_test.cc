@@ -851,3 +851,30 @@ TEST(CpuDecodeDeterminism, TwoRunsAreBitwiseIdentical) {
 }
 
 }  // namespace
+
+// ---- Scratch size ----------------------------------------------------------------------------
+
+// Validation bounds T x H and D by int32, not H x D: a stride-0 view with H and D near 2^31 would
+// wrap the scratch size the cpu backend asks for. workspace_size refuses it instead (only shapes
+// are read: the data pointers are never dereferenced).
+TEST(CpuDecodeWorkspace, HugeHeadsTimesHeadDimIsRefused) {
+  static uint8_t byte;
+  void* fake = &byte;
+  const int64_t H = int64_t{1} << 30, L = int64_t{1} << 20;
+  mla::DecodeParams p;
+  p.query = TensorView::strided(fake, kBf16, {1, 1, H, L}, {0, 0, 0, 1});
+  p.kv_cache = TensorView::strided(fake, kBf16, {1, 16, L}, {0, 0, 1});
+  p.block_tables = TensorView::strided(fake, dt::kInt32, {1, 1}, {1, 1});
+  p.seq_lens = TensorView::strided(fake, dt::kInt32, {1}, {1});
+  p.out = TensorView::strided(fake, kBf16, {1, 1, H, L}, {H * L, H * L, L, 1});
+  p.kv_lora_rank = static_cast<int32_t>(L);
+  p.qk_rope_head_dim = 0;
+  p.backend = mla::Backend::kCpu;
+  try {
+    (void)mla::workspace_size(p);
+    ADD_FAILURE() << "no error for a scratch of 2^30 heads of D 2^20";
+  } catch (const mla::Error& e) {
+    EXPECT_EQ(e.code(), mla::ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exceeds 2^40 floats"), std::string::npos) << e.what();
+  }
+}
