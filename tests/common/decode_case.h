@@ -538,6 +538,20 @@ inline void check_against_oracle(const Built& b, double p_rel = 0.0) {
   EXPECT_EQ(touched, 0) << "out padding elements written";
 }
 
+// ---- The checked mode's cases ---------------------------------------------------------------
+
+// Three requests (one without keys) of two query tokens and pages of 16: the bad-index tests
+// corrupt one entry of its index tensors.
+inline Case small_index_case() {
+  Case c;
+  c.B = 3;
+  c.H = 3;
+  c.q_len = 2;
+  c.seq_lens = {40, 0, 20};
+  c.page_size = 16;
+  return c;
+}
+
 // ---- Separate K/V page tables (docs/contract.md section 3) --------------------------------------
 
 // Copies the case's [B, max_pages] table into a [B, 2, max_pages] one (rows padded by `pad`,

@@ -699,39 +699,29 @@ void expect_bad_index(const Built& b, const std::string& name, const std::string
   EXPECT_TRUE(b.outputs_untouched()) << "out or lse written before the error";
 }
 
-Case index_case() {
-  Case c;
-  c.B = 3;
-  c.H = 3;
-  c.q_len = 2;
-  c.seq_lens = {40, 0, 20};
-  c.page_size = 16;
-  return c;
-}
-
 TEST(CpuDecodeIndices, BlockTableEntryOutOfRange) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   b->block_tables[1] = b->num_pages;  // request 0, logical page 1 of 3 needed
   expect_bad_index(*b, "block_tables");
-  b = build(index_case());
+  b = build(small_index_case());
   b->block_tables[2 * b->block_table_stride + 1] = -1;  // request 2, its last needed page
   expect_bad_index(*b, "block_tables");
 }
 
 TEST(CpuDecodeIndices, NegativeSeqLen) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   b->seq_lens[1] = -1;
   expect_bad_index(*b, "seq_lens");
 }
 
 TEST(CpuDecodeIndices, SeqLenBeyondBlockTableCapacity) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   b->seq_lens[2] = static_cast<int32_t>(b->max_pages * 16 + 1);
   expect_bad_index(*b, "seq_lens", "max_seq_len");
 }
 
 TEST(CpuDecodeIndices, BadCumSeqLensQ) {
-  Case c = index_case();
+  Case c = small_index_case();
   c.ragged_q_lens = {2, 1, 2};
   std::unique_ptr<Built> b = build(c);
   b->cum_seq_lens_q = {0, 3, 2, 5};  // decreasing
@@ -745,7 +735,7 @@ TEST(CpuDecodeIndices, BadCumSeqLensQ) {
 }
 
 TEST(CpuDecodeIndices, QueryLongerThanMaxQLenHint) {
-  Case c = index_case();
+  Case c = small_index_case();
   c.ragged_q_lens = {2, 1, 2};
   c.max_q_len_hint = true;
   std::unique_ptr<Built> b = build(c);
@@ -754,7 +744,7 @@ TEST(CpuDecodeIndices, QueryLongerThanMaxQLenHint) {
 }
 
 TEST(CpuDecodeIndices, SparseIndexOutOfRange) {
-  Case c = index_case();
+  Case c = small_index_case();
   c.top_k = 16;
   std::unique_ptr<Built> b = build(c);
   b->sparse_indices[5 * 16 + 3] = b->num_pages * c.page_size;  // one past the pool
@@ -765,7 +755,7 @@ TEST(CpuDecodeIndices, SparseIndexOutOfRange) {
 }
 
 TEST(CpuDecodeIndices, NegativeTopkLen) {
-  Case c = index_case();
+  Case c = small_index_case();
   c.top_k = 16;
   c.topk_lens = oracle::TopkLens::kPerToken;
   std::unique_ptr<Built> b = build(c);
@@ -805,7 +795,7 @@ TEST(CpuDecodeKvPageTables, SameResultAsOneTable) {
 }
 
 TEST(CpuDecodeKvPageTables, RowsThatDifferOnANeededPageAreABadIndex) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   std::vector<int32_t> tables = kv_page_tables(*b, 0);
   const int64_t mp = b->max_pages;
   b->params.block_tables = TensorView::contiguous(tables.data(), dt::kInt32, {b->c.B, 2, mp});

@@ -137,27 +137,17 @@ std::string bad_index_of(const Built& b) {
   return "";
 }
 
-Case index_case() {
-  Case c;
-  c.B = 3;
-  c.H = 3;
-  c.q_len = 2;
-  c.seq_lens = {40, 0, 20};
-  c.page_size = 16;
-  return c;
-}
-
 TEST(BadIndexCpu, SeqLenAndPage) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   b->seq_lens[1] = -1;
   EXPECT_EQ(bad_index_of(*b), bad_index::seq_len(mla::detail::validate(b->params), 1, -1));
-  b = build(index_case());
+  b = build(small_index_case());
   b->block_tables[2 * b->block_table_stride + 1] = -1;  // request 2, its last needed page
   EXPECT_EQ(bad_index_of(*b), bad_index::page(mla::detail::validate(b->params), 2, 1, -1));
 }
 
 TEST(BadIndexCpu, SparseIndex) {
-  Case c = index_case();
+  Case c = small_index_case();
   c.top_k = 16;
   std::unique_ptr<Built> b = build(c);
   const int32_t slot = b->num_pages * c.page_size;  // one past the pool
@@ -169,7 +159,7 @@ TEST(BadIndexCpu, SparseIndex) {
 // Every request's row 0 is checked before any row 1 (the checked mode's order): a bad page of
 // request 2 is reported before row 1 of request 0 differing.
 TEST(BadIndexCpu, RowZeroBeforeRowOne) {
-  std::unique_ptr<Built> b = build(index_case());
+  std::unique_ptr<Built> b = build(small_index_case());
   std::vector<int32_t> tables = kv_page_tables(*b, 0);
   const int64_t mp = b->max_pages;
   b->params.block_tables =

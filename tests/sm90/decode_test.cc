@@ -1223,15 +1223,7 @@ TEST(Sm90DecodeEmpty, ZeroTokensIsANoOp) {
 
 // ---- Checked mode -----------------------------------------------------------------------------
 
-Case index_case() {
-  Case c;
-  c.B = 3;
-  c.H = 3;
-  c.q_len = 2;
-  c.seq_lens = {40, 0, 20};
-  c.page_size = 16;
-  return deepseek(c);
-}
+Case index_case() { return deepseek(small_index_case()); }
 
 // Expects kBadIndex naming `fragment`, with out and lse left untouched.
 void expect_bad_index(Built& b, DeviceCall& call, const std::string& fragment) {
