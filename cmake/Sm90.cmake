@@ -24,15 +24,21 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/simt/simt_fp8_fp8.cu
     src/sm90/decode/simt/simt_bf16_fp8.cu
     src/sm90/decode/simt/simt_bf16_ds_mla.cu
-    # few_rows/: the TMA + wgmma kernel for at most 32 query rows per request (one file per dtype
-    # and padded row count).
+    # few_rows/: the TMA + wgmma kernel for at most 32 query rows per request (one file per
+    # (query, kv_cache) pair and padded row count).
     src/sm90/decode/few_rows/few_rows_bf16_r16.cu
     src/sm90/decode/few_rows/few_rows_bf16_r32.cu
     src/sm90/decode/few_rows/few_rows_fp16_r16.cu
     src/sm90/decode/few_rows/few_rows_fp16_r32.cu
-    # seesaw/: the TMA + wgmma seesaw kernel for 16-bit query/kv_cache (one file per dtype).
+    src/sm90/decode/few_rows/few_rows_bf16_fp8_r16.cu
+    src/sm90/decode/few_rows/few_rows_bf16_fp8_r32.cu
+    src/sm90/decode/few_rows/few_rows_fp8_fp8_r16.cu
+    src/sm90/decode/few_rows/few_rows_fp8_fp8_r32.cu
+    # seesaw/: the TMA + wgmma seesaw kernel (one file per (query, kv_cache) pair).
     src/sm90/decode/seesaw/seesaw_bf16.cu
     src/sm90/decode/seesaw/seesaw_fp16.cu
+    src/sm90/decode/seesaw/seesaw_bf16_fp8.cu
+    src/sm90/decode/seesaw/seesaw_fp8_fp8.cu
     # schedule/: the plan kernel of the seesaw kernel's balanced schedule.
     src/sm90/decode/schedule/schedule_kernel.cu
     # combine/: merges the split partials into out and lse (one file per out dtype).
@@ -51,3 +57,4 @@ if(MLA_ENABLE_CUDA)
 else()
   target_sources(mla_decode PRIVATE src/sm90/host/unavailable.cc)
 endif()
+

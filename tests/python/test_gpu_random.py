@@ -1,8 +1,8 @@
 """Random combinations of the whole contract on the sm90 backend against the float64 reference.
 
 Each seed draws one call: heads 1..128, dense q_len 1..16 (causal) or ragged lengths 0..16, page
-sizes 1..256, seq_lens from 0 and below q_len to 70K, every dtype pair (fp8 ones on the SIMT
-kernel), bf16 or fp16 out, 3-D or 4-D KV, padded query strides, sinks, custom masks, sparse top-k
+sizes 1..256, seq_lens from 0 and below q_len to 70K, every dtype pair (fp8 caches widened
+to 16 bits on the wgmma kernels), bf16 or fp16 out, 3-D or 4-D KV, padded query strides, sinks, custom masks, sparse top-k
 with and without lens, scales as floats or device tensors, skip-softmax at f = 1e-30 (the dense
 result), PDL and the checked mode. Outputs are NaN-poisoned, unused KV rows and pages hold NaN,
 unused block_tables slots an invalid page.

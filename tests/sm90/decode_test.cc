@@ -49,13 +49,15 @@ bool has_hopper() {
 }
 
 // The out allowance for values rounded to 16 bits (mla_test::OutTolerance::p_rel): the wgmma
-// kernels round P to the kv_cache type for their P V product (the SIMT kernel keeps fp32 P), and
-// every kernel rounds a split's partial o to the out type (params.h); each adds at most its half
-// ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is not
-// split, or on the SIMT kernel, the allowance is only an upper bound.
+// kernels round P to the type of their GEMMs for the P V product (the kv_cache type; bf16 for a
+// bf16 query over an fp8 cache, fp16 for fp8/fp8: docs/sm90-fp8.md; the SIMT kernel keeps fp32
+// P), and every kernel rounds a split's partial o to the out type (params.h); each adds at most
+// its half ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is
+// not split, or on the SIMT kernel, the allowance is only an upper bound.
 double sm90_p_rel(const Built& b) {
-  const DataType p_dtype =
-      b.c.kv_dtype == dt::kBFloat16 || b.c.kv_dtype == dt::kFloat16 ? b.c.kv_dtype : dt::kFloat32;
+  DataType p_dtype = b.c.kv_dtype;
+  if (b.c.kv_dtype == dt::kFloat8E4M3) p_dtype = b.c.q_dtype == kBf16 ? kBf16 : kFp16;
+  if (p_dtype != kBf16 && p_dtype != kFp16) p_dtype = dt::kFloat32;
   return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
 void check_sm90(const Built& b) { check_against_oracle(b, sm90_p_rel(b)); }
@@ -694,8 +696,8 @@ std::vector<Case> tma_cases() {
 
 // The combine at its limits: one request with the most splits the policy gives (64 splits of two
 // tiles at H = 128, 128 two-block splits at H = 16), long and short requests in one batch (the
-// short ones' splits mostly empty), ragged queries over long sequences, and the SIMT kernel (fp8)
-// with many splits.
+// short ones' splits mostly empty), ragged queries over long sequences, an fp8 cache with many
+// splits, and the SIMT kernel (pages of 8) with many splits.
 std::vector<Case> split_cases() {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -740,13 +742,24 @@ std::vector<Case> split_cases() {
   c.seq_lens = {5000, 0, 3000};
   c.max_q_len_hint = false;
   add(c);
-  c = Case();  // the SIMT kernel (fp8 cache): its own policy, many splits
+  c = Case();  // an fp8 cache (the few-rows kernel, widened): 128 splits
   c.B = 1;
   c.H = 16;
   c.q_len = 1;
   c.page_size = 64;
   c.seq_lens = {9000};
   c.q_dtype = c.kv_dtype = kFp8;
+  add(c);
+  c.q_dtype = kBf16;  // bf16 query over an fp8 cache
+  c.H = 128;
+  c.seq_lens = {9001};
+  add(c);
+  c = Case();  // the SIMT kernel (pages of 8): its own policy, many splits
+  c.B = 1;
+  c.H = 16;
+  c.q_len = 1;
+  c.page_size = 8;
+  c.seq_lens = {9000};
   add(c);
   return cases;
 }
@@ -1470,7 +1483,8 @@ TEST(Sm90Workspace, NeverAbove128MiB) {
 
 // One shape per route: the few-rows kernel (H x q_len <= 32), the seesaw kernel on the balanced
 // schedule with tiles that span two tokens (H 32, q_len 3) and with a split request (partials and
-// the combine), its direct split (one request), and the SIMT kernel (an fp8 cache). Request 0 has
+// the combine), its direct split (one request), fp8 caches on both wgmma kernels, and the SIMT
+// kernel (pages of 8). Request 0 has
 // two or more query tokens; its token 0 does not see the last key.
 struct NanRoute {
   const char* name;
@@ -1479,13 +1493,13 @@ struct NanRoute {
 std::vector<NanRoute> nan_routes() {
   std::vector<NanRoute> routes;
   auto add = [&](const char* name, int B, int H, int q_len, std::vector<int> seq_lens,
-                 DataType kv = kBf16) {
+                 DataType kv = kBf16, int page_size = 64) {
     Case c;
     c.B = B;
     c.H = H;
     c.q_len = q_len;
     c.seq_lens = std::move(seq_lens);
-    c.page_size = 64;
+    c.page_size = page_size;
     c.q_dtype = kv == kFp8 ? kFp8 : kBf16;
     c.kv_dtype = kv;
     c.seed = 4300 + routes.size();
@@ -1495,7 +1509,9 @@ std::vector<NanRoute> nan_routes() {
   add("seesaw_tiles_span_tokens", 3, 32, 3, {150, 7, 0});
   add("seesaw_split", 3, 128, 2, {9000, 70, 0});
   add("seesaw_direct", 1, 64, 2, {3000});
-  add("simt_fp8", 3, 16, 2, {150, 7, 0}, kFp8);
+  add("few_rows_fp8", 3, 16, 2, {150, 7, 0}, kFp8);
+  add("seesaw_split_fp8", 3, 128, 2, {9000, 70, 0}, kFp8);
+  add("simt", 3, 16, 2, {150, 7, 0}, kBf16, 8);
   return routes;
 }
 

@@ -192,11 +192,20 @@ TEST(Sm90Route, Table) {
        "few_rows splits=43 rows=32 combine"},
       {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
        "seesaw schedule parts=26 tiles=5 clean combine"},
+      // fp8 caches: the same kernels (widened in shared memory), never paired.
+      {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"fp8 cache, q_len 4: unpaired", dense(8, 128, 4).dtypes(kBf16, kFp8),
+       "seesaw schedule parts=16 tiles=8 combine"},
+      {"fp8 cache, H x q_len <= 16", dense(1, 16, 1).dtypes(kFp8, kFp8),
+       "few_rows splits=64 rows=16 combine"},
+      {"fp8 cache, kv rows not 16-byte aligned",
+       dense(4, 128, 1).dtypes(kBf16, kFp8).padded_kv_rows(8), "simt splits=9 combine"},
       // Everything else: the SIMT kernel.
-      {"fp8 query and cache, two waves of CTAs", dense(4, 128, 1).dtypes(kFp8, kFp8),
-       "simt splits=9 combine"},
-      {"fp8, B128: one split", dense(128, 128, 1).dtypes(kFp8, kFp8), "simt splits=1"},
-      {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8), "simt splits=9 combine"},
       {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(), "simt splits=9 combine"},
       {"sparse", dense(4, 128, 1).sparse(2048), "simt splits=8 combine"},
       {"pages of 8", dense(4, 128, 1).pages(8), "simt splits=9 combine"},
@@ -271,7 +280,7 @@ TEST(Sm90Route, MaxSplitsSwitch) {
   Switches sw;
   sw.max_splits = 4;
   expect_routes({{"few rows", dense(1, 16, 1), "few_rows splits=4 rows=16 combine"},
-                 {"fp8", dense(4, 128, 1).dtypes(kFp8, kFp8), "simt splits=4 combine"}},
+                 {"fp8_ds_mla", dense(4, 128, 1).fp8_ds_mla(), "simt splits=4 combine"}},
                 sw);
 }
 

@@ -49,13 +49,18 @@ bool tma_shape_ok(const Problem& p, const Switches& sw) {
   if (sw.kernel == Switches::Kernel::kSimt || p.sparse || p.D != kKvLoraRank + kRopeHeadDim) {
     return false;
   }
+  if (p.kv_format != KvFormat::kPlain) return false;  // fp8_ds_mla: the SIMT kernel
   const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16;
   const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
-  if (!bf16 && !fp16) return false;
+  // e4m3 caches are widened to 16 bits in shared memory (docs/sm90-fp8.md).
+  const bool fp8_cache = p.kv_dtype == dtype::kFloat8E4M3 &&
+                         (p.q_dtype == dtype::kBFloat16 || p.q_dtype == dtype::kFloat8E4M3);
+  if (!bf16 && !fp16 && !fp8_cache) return false;
   if (p.page_size < kMinTmaPageSize || p.page_size > kMaxPageSize) return false;
   // 16-byte-aligned strides: TMA (kv rows and pages) and vector loads (query rows).
-  if (p.kv_row_stride % 8 != 0 || p.kv_page_stride % 8 != 0) return false;
-  if (p.q.batch % 8 != 0 || p.q.token % 8 != 0 || p.q.head % 8 != 0) return false;
+  const int64_t kv_vec = 128 / p.kv_dtype.bits, q_vec = 128 / p.q_dtype.bits;
+  if (p.kv_row_stride % kv_vec != 0 || p.kv_page_stride % kv_vec != 0) return false;
+  if (p.q.batch % q_vec != 0 || p.q.token % q_vec != 0 || p.q.head % q_vec != 0) return false;
   if (p.batch > 65535) return false;  // grid.y
   // Ragged queries without a tight max_q_len: the (tile, request) grid would be mostly empty.
   const int64_t tiles = tiles_of(p);
@@ -215,7 +220,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     const bool allowed =
         r.tiles % 2 == 0 && (p.num_heads == 2 * tma::kTileRows || p.max_q_len == 1);
     const bool wanted = sw.pair >= 0 ? sw.pair == 1 : r.tiles >= kPairMinTiles;
+    // NOTE: fp8 caches run unpaired: the widening warps of each CTA would need the other CTA's
+    // boxes too (docs/sm90-fp8.md).
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
+             p.kv_dtype != dtype::kFloat8E4M3 &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
   } else {
     r.kernel = Kernel::kSimt;

@@ -269,6 +269,52 @@ cudaError_t launch_simt_dims(Elem q, Elem kv, const DecodeKernelParams& k, cudaS
   MLA_FAIL(ErrorCode::kUnsupported, "backend sm90: no kernel for this (query, kv_cache) pair");
 }
 
+// The few-rows kernel of N padded rows for the (query, kv_cache) pairs the TMA kernels take
+// (tma::Formats).
+template <int N>
+cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
+                                 const CUtensorMap& kv_map, cudaStream_t stream, bool pdl) {
+  if (q == Elem::kBf16 && kv == Elem::kBf16) {
+    return few_rows::launch_few_rows<Elem::kBf16, Elem::kBf16, N>(k, kv_map, stream, pdl);
+  }
+  if (q == Elem::kFp16 && kv == Elem::kFp16) {
+    return few_rows::launch_few_rows<Elem::kFp16, Elem::kFp16, N>(k, kv_map, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
+    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl);
+  }
+  if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
+    return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl);
+  }
+  MLA_FAIL(ErrorCode::kUnsupported,
+           "backend sm90: no few-rows kernel for this (query, kv_cache) pair");
+}
+
+// The same for the seesaw kernel.
+cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
+                               const CUtensorMap& kv_map, const Route& route, cudaStream_t stream,
+                               bool pdl) {
+  const bool direct = route.layout.direct;
+  if (q == Elem::kBf16 && kv == Elem::kBf16) {
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kBf16>(k, kv_map, route.tiles, direct,
+                                                           route.pair, route.clean, stream, pdl);
+  }
+  if (q == Elem::kFp16 && kv == Elem::kFp16) {
+    return seesaw::launch_seesaw<Elem::kFp16, Elem::kFp16>(k, kv_map, route.tiles, direct,
+                                                           route.pair, route.clean, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8E4M3>(k, kv_map, route.tiles, direct,
+                                                              route.pair, route.clean, stream, pdl);
+  }
+  if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
+    return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(
+        k, kv_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+  }
+  MLA_FAIL(ErrorCode::kUnsupported,
+           "backend sm90: no seesaw kernel for this (query, kv_cache) pair");
+}
+
 // Launches the route's decode kernel; `k` is the call's parameters in the uniform layout, to which
 // the balanced schedule's pieces are added where the seesaw kernel runs on it (the combine then
 // reads them too).
@@ -278,21 +324,12 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
   switch (route.kernel) {
     case Kernel::kFewRows:
-      if (route.few_rows == 16) {
-        return q == Elem::kBf16
-                   ? few_rows::launch_few_rows<Elem::kBf16, 16>(k, kv_map, stream, pdl)
-                   : few_rows::launch_few_rows<Elem::kFp16, 16>(k, kv_map, stream, pdl);
-      }
-      return q == Elem::kBf16 ? few_rows::launch_few_rows<Elem::kBf16, 32>(k, kv_map, stream, pdl)
-                              : few_rows::launch_few_rows<Elem::kFp16, 32>(k, kv_map, stream, pdl);
+      return route.few_rows == 16 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl)
+                                  : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl);
     case Kernel::kSeesaw: {
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);
-      return q == Elem::kBf16
-                 ? seesaw::launch_seesaw<Elem::kBf16>(k, kv_map, route.tiles, l.direct, route.pair,
-                                                      route.clean, stream, pdl)
-                 : seesaw::launch_seesaw<Elem::kFp16>(k, kv_map, route.tiles, l.direct, route.pair,
-                                                      route.clean, stream, pdl);
+      return launch_seesaw_pair(q, kv, k, kv_map, route, stream, pdl);
     }
     case Kernel::kSimt:
       if (p.L == 256 && p.R == 64) return launch_simt_dims<256, 64>(q, kv, k, stream, pdl);

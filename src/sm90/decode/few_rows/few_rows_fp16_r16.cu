@@ -2,6 +2,7 @@
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"
 
 namespace mla::sm90::few_rows {
-template cudaError_t launch_few_rows<Elem::kFp16, 16>(const DecodeKernelParams&, const CUtensorMap&,
-                                                      cudaStream_t, bool);
+template cudaError_t launch_few_rows<Elem::kFp16, Elem::kFp16, 16>(const DecodeKernelParams&,
+                                                                   const CUtensorMap&, cudaStream_t,
+                                                                   bool);
 }  // namespace mla::sm90::few_rows

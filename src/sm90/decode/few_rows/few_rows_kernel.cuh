@@ -28,6 +28,7 @@
 #include "sm90/decode/few_rows/traits.h"
 #include "sm90/decode/output.cuh"
 #include "sm90/decode/tma/chunk_producer.cuh"
+#include "sm90/decode/tma/fp8_ring.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 
@@ -47,12 +48,15 @@ __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b, int consumer = 0)
 // values come in pairs of adjacent columns, then the row 8 below, then the next 8 columns.
 __device__ __forceinline__ constexpr int col_slot(int v) { return (v & 1) | ((v >> 2) << 1); }
 
-template <Elem E, int kRowsN>
-__global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
+// Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
+// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
+template <Elem Q, Elem KV, int kRowsN>
+__global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
-  using Traits = FewRowsTraits<E, kRowsN>;
+  using F = tma::Formats<Q, KV>;
+  using Traits = FewRowsTraits<F::kCompute, kRowsN>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
@@ -79,7 +83,11 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
     return;
   }
   const int issuers = tma::producer_issuers<Traits>(p);
-  tma::init_ring_barriers<Traits>(smem, issuers);
+  if constexpr (F::kFp8Cache) {
+    tma::init_fp8_ring_barriers<Traits>(smem, issuers);
+  } else {
+    tma::init_ring_barriers<Traits>(smem, issuers);
+  }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
@@ -89,6 +97,17 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     tma::regs_dealloc<Traits::kProducerRegs>();
+    if constexpr (F::kFp8Cache) {
+      // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
+      if (threadIdx.x < issuers) {
+        tma::prefetch_tensor_map(&kv_map);
+        tma::issue_fp8_chunks<Traits>(p, w, &kv_map, smem, threadIdx.x, 0, 0);
+      } else if (threadIdx.x >= 32) {
+        tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, 0, 0,
+                                      barrier_id(NamedBarrier::kWiden));
+      }
+      return;
+    }
     const int piece = threadIdx.x / 32;
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
@@ -107,7 +126,8 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
 
   // Query tile into shared memory (padding rows 0).
   {
-    tma::load_query_tile_rows<kRows, Traits::kConsumerThreads>(
+    tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
+                              std::conditional_t<F::kFp8Query, __half, void>>(
         p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
         [] { named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads); },
         [] {});
@@ -420,12 +440,12 @@ __global__ void __launch_bounds__(FewRowsTraits<E, kRowsN>::kThreads, 1)
   }
 }
 
-template <Elem E, int kRows>
+template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraits<E, kRows>;
+  using Traits = FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRows>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<E, kRows>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(1, params.batch, params.num_splits);

@@ -14,8 +14,9 @@ inline constexpr int kMaxRows = 32;
 
 // Computes the partials of every (split, token, head) exactly like tma::launch_seesaw (grid
 // (1, B, num_splits), same workspace layout and kv_cache tensor map), for calls whose requests
-// have at most kRows = 16 or 32 query rows; one explicit instantiation per (element type, kRows).
-template <Elem E, int kRows>
+// have at most kRows = 16 or 32 query rows; one explicit instantiation per (query, kv_cache) pair
+// of tma::Formats and kRows.
+template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl);
 

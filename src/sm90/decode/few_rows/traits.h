@@ -61,6 +61,7 @@ enum class NamedBarrier : uint32_t {
   kPSecond = 5,
   kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
   kVoteSecond = 7,
+  kWiden = 8,  // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
 };
 
 template <Elem E, int kRowsN>
@@ -116,9 +117,10 @@ struct FewRowsTraits {
     int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
     float out_scale[kRows];         // partial_o, and what its O is multiplied by
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
-    uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
-    uint64_t empty_l[kStages];        // chunks 0..3 consumed: one arrive per consumer warp
-    uint64_t empty_r[kStages];        // chunks 4..8 consumed: one arrive per consumer warp
+    uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
+    uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
+    uint64_t empty_l[kStages];          // chunks 0..3 consumed: one arrive per consumer warp
+    uint64_t empty_r[kStages];          // chunks 4..8 consumed: one arrive per consumer warp
   };
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;

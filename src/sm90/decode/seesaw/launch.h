@@ -9,16 +9,17 @@
 namespace mla::sm90::seesaw {
 
 // Computes the partials of every (split, token, head) in tiles of 64 query rows, or, for a request
-// of one segment (one split), its out and lse; one explicit instantiation per supported element
-// type (query and kv_cache alike). Grid (num_tiles, params.num_parts) over the balanced schedule,
-// or, with `direct_split` (a call of one request), (num_tiles, params.num_splits) equal runs of
-// the request's blocks in the uniform layout. `pair` (the route's choice: balanced schedule only,
-// never with `clean`): tiles 2k and 2k + 1 of a request read the same blocks (their rows are of
-// the same query tokens), and run as a cluster of two sharing each block's loads
-// (docs/sm90-seesaw.md, Pairs). `clean`: rows of a tile may attend the request's draft keys
-// unequally (a custom mask, or tiles that span two tokens); the kernel then keeps a non-finite
-// draft key from reaching the rows that do not attend it (seesaw_kernel.cuh, kClean).
-template <Elem E>
+// of one segment (one split), its out and lse; one explicit instantiation per supported (query,
+// kv_cache) pair: (bf16, bf16), (fp16, fp16), (bf16, e4m3) and (e4m3, e4m3) (tma::Formats). Grid
+// (num_tiles, params.num_parts) over the balanced schedule, or, with `direct_split` (a call of one
+// request), (num_tiles, params.num_splits) equal runs of the request's blocks in the uniform
+// layout. `pair` (the route's choice: balanced schedule only, never with `clean` or an e4m3 cache):
+// tiles 2k and 2k + 1 of a request read the same blocks (their rows are of the same query tokens),
+// and run as a cluster of two sharing each block's loads (docs/sm90-seesaw.md, Pairs). `clean`:
+// rows of a tile may attend the request's draft keys unequally (a custom mask, or tiles that span
+// two tokens); the kernel then keeps a non-finite draft key from reaching the rows that do not
+// attend it (seesaw_kernel.cuh, kClean).
+template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl);

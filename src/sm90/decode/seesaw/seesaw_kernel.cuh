@@ -40,6 +40,7 @@
 #include "sm90/decode/seesaw/launch.h"
 #include "sm90/decode/seesaw/traits.h"
 #include "sm90/decode/tma/chunk_producer.cuh"
+#include "sm90/decode/tma/fp8_ring.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 
@@ -93,18 +94,22 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
 // values once S is computed, and an attended -inf score becomes NaN (tma::clean_v_rows): a NaN or
 // inf in a draft key reaches exactly the rows that attend it (contract section 1). Other calls
 // run without the extra code.
-template <Elem E, bool kDirect, bool kPair, bool kClean>
-__global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
+// Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
+// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
+template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean>
+__global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
-  using Traits = SeesawTraits<E>;
+  using F = tma::Formats<Q, KV>;
+  using Traits = SeesawTraits<F::kCompute>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
+  static_assert(!(F::kFp8Cache && kPair), "fp8 caches run unpaired");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
 
@@ -115,7 +120,11 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  tma::init_ring_barriers<Traits, kPair>(smem, issuers);
+  if constexpr (F::kFp8Cache) {
+    tma::init_fp8_ring_barriers<Traits>(smem, issuers);
+  } else {
+    tma::init_ring_barriers<Traits, kPair>(smem, issuers);
+  }
   // kPair: the other CTA of the cluster (tile blockIdx.x ^ 1) walks the same blocks.
   const uint32_t rank = kPair ? tma::cluster_ctarank() : 0;
 
@@ -128,6 +137,31 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
     tma::regs_dealloc<Traits::kProducerRegs>();
+    if constexpr (F::kFp8Cache) {
+      // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
+      const bool issuer = threadIdx.x < issuers;
+      if (threadIdx.x >= 32 || issuer) {
+        if (issuer) tma::prefetch_tensor_map(&kv_map);
+        uint32_t used0 = 0, used1 = 0;
+        Cursor cursor;
+        cursor.begin(p);
+        tma::TileWork w;
+        int64_t partial_row0;
+        while (cursor.next(p, w, partial_row0)) {
+          if (w.block_begin >= w.block_end) continue;
+          if (issuer) {
+            tma::issue_fp8_chunks<Traits, kDirect>(p, w, &kv_map, smem, threadIdx.x, used0, used1);
+          } else {
+            tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, used0, used1,
+                                          barrier_id(NamedBarrier::kWiden));
+          }
+          const uint32_t n = w.block_end - w.block_begin;
+          used0 += (n + 1) / 2;
+          used1 += n / 2;
+        }
+      }
+      return;
+    }
     const int piece = threadIdx.x / 32;
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
@@ -156,7 +190,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
   const int lane = threadIdx.x & 31;
   // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
   if constexpr (kDirect) {
-    tma::prefetch_query_rows<kRows, Traits::kConsumerThreads>(p, 0, blockIdx.x * kRows, ctid);
+    tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, F::kQueryBytes>(
+        p, 0, blockIdx.x * kRows, ctid);
   }
 
   typename Traits::TiledMmaQk mma_qk;
@@ -213,7 +248,8 @@ __global__ void __launch_bounds__(SeesawTraits<E>::kThreads, 1)
     // both consumers passed its final barrier. While the loads are in flight, a one-segment
     // request's rows find their places in out and lse, so that its end is short.
     {
-      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads>(
+      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
+                                std::conditional_t<F::kFp8Query, __half, void>>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -693,7 +729,7 @@ int pair_clusters_resident() {
   if (cudaGetDevice(&device) != cudaSuccess || device >= kMaxDevices) return 0;
   const int known = resident[device].load();
   if (known > 0) return known - 1;
-  auto* kernel = &seesaw_kernel<E, false, true, false>;
+  auto* kernel = &seesaw_kernel<E, E, false, true, false>;
   int count = 0;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          SeesawTraits<E>::kSmemBytes);
@@ -719,20 +755,22 @@ int pair_clusters_resident() {
   return count;
 }
 
-template <Elem E>
+template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl) {
-  using Traits = SeesawTraits<E>;
+  using Traits = SeesawTraits<tma::Formats<Q, KV>::kCompute>;
+  constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache;  // fp8 caches run unpaired
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  if (pair && (direct_split || clean)) return cudaErrorInvalidValue;  // not instantiated
-  auto* kernel =
-      direct_split
-          ? (clean ? &seesaw_kernel<E, true, false, true> : &seesaw_kernel<E, true, false, false>)
-      : pair  ? &seesaw_kernel<E, false, true, false>
-      : clean ? &seesaw_kernel<E, false, false, true>
-              : &seesaw_kernel<E, false, false, false>;
+  if (pair && (direct_split || clean || !kPairs)) return cudaErrorInvalidValue;  // none built
+  auto* kernel = direct_split ? (clean ? &seesaw_kernel<Q, KV, true, false, true>
+                                       : &seesaw_kernel<Q, KV, true, false, false>)
+                 : clean      ? &seesaw_kernel<Q, KV, false, false, true>
+                              : &seesaw_kernel<Q, KV, false, false, false>;
+  if constexpr (kPairs) {
+    if (pair) kernel = &seesaw_kernel<Q, KV, false, true, false>;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,

@@ -51,6 +51,7 @@ enum class NamedBarrier : uint32_t {
   kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
   kVoteSecond = 7,
   kDeferFirst = 8,  // consumer warpgroup 0: the next round's first chunk has landed (vote)
+  kWiden = 9,       // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
 };
 
 template <Elem E>
@@ -114,9 +115,10 @@ struct SeesawTraits {
     int64_t lse_row[kRows];
     float out_sink[kRows];
     float out_scale[kRows];
-    const uint4* query_row[kRows];    // the query tile's row addresses (null: padding)
-    uint64_t full[kStages][kChunks];  // 64-column chunk landed (transaction bytes)
-    uint64_t empty_l[kStages];        // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
+    const uint4* query_row[kRows];      // the query tile's row addresses (null: padding)
+    uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
+    uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
+    uint64_t empty_l[kStages];  // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 (V_R, rope / P) consumed: one per consumer-1 warp
   };
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.

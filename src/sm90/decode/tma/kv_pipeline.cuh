@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "sm90/common.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 #include "sm90/decode/tma/tensor_map.h"
+#include "sm90/decode/tma/widen.cuh"
 
 namespace mla::sm90::tma {
 
@@ -191,11 +193,12 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
 // kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
 // ahead of the K blocks' (the seesaw kernel's direct split: docs/sm90-seesaw.md, the direct split).
 // A ragged call's rows need cum_seq_lens_q: nothing is requested.
-template <int kRows, int kThreads>
+// kQueryBytes: bytes per query element (2, or 1 for an e4m3 query).
+template <int kRows, int kThreads, int kQueryBytes = 2>
 __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
                                                     int tid) {
   if (p.cum_seq_lens_q != nullptr) return;
-  constexpr int kRowBytes = 576 * 2;
+  constexpr int kRowBytes = 576 * kQueryBytes;
   constexpr int kLines = kRowBytes / 128 + 1;  // 128-byte lines a 16-byte-aligned row can touch
   const int rows = p.q_len * p.num_heads;
   for (int e = tid; e < kRows * kLines; e += kThreads) {
@@ -203,38 +206,41 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
     const int row = row0 + r;
     if (row >= rows) break;  // e grows with r
     const int t = row / p.num_heads, h = row - t * p.num_heads;
-    const uint8_t* base =
-        static_cast<const uint8_t*>(p.query) + 2 * (b * p.q_batch + t * p.q_token + h * p.q_head);
+    const uint8_t* base = static_cast<const uint8_t*>(p.query) +
+                          kQueryBytes * (b * p.q_batch + t * p.q_token + h * p.q_head);
     prefetch_l2(base + min(line * 128, kRowBytes - 1));
   }
 }
 
 // The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
-// sequence (rows past tile_rows zero), in 16-byte vectors from the kThreads threads tid. Threads
+// sequence of 16-bit values (rows past tile_rows zero), in 16-byte vectors from the kThreads
+// threads tid; an e4m3 query (Widen = __half: its GEMMs run in fp16) is widened exactly. Threads
 // 0 .. kRows - 1 write row r's first vector (null for a padding row) into `row_ptr` (shared),
 // `sync` makes them visible to all kThreads, then every load is that pointer plus its vector, all
 // of them in flight before the first store (a (token, head) division and 64-bit stride products per
 // load were ~125 instructions each, ~2 us of issue per segment: docs/sm90-seesaw.md, Work split).
 // `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
 // thread calls it). The caller fences and syncs.
-template <int kRows, int kThreads, typename Sync, typename InFlight>
+template <int kRows, int kThreads, typename Widen = void, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
                                                      InFlight in_flight) {
+  constexpr bool kFp8 = !std::is_void_v<Widen>;
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
   if (tid < kRows) {
     const uint4* ptr = nullptr;
     if (tid < tile_rows) {
       const int row = w.row0 + tid;
       const int i = row / p.num_heads, h = row - i * p.num_heads;
       const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-      ptr =
-          static_cast<const uint4*>(p.query) + (w.b * p.q_batch + t * p.q_token + h * p.q_head) / 8;
+      const int64_t e = w.b * p.q_batch + t * p.q_token + h * p.q_head;
+      ptr = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.query) + e * kElemBytes);
     }
     row_ptr[tid] = ptr;
   }
   sync();
-  constexpr int kVecs = 576 / 8;  // per row
+  constexpr int kVecs = 576 * kElemBytes / 16;  // per row
   constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
   uint4 value[kPerThread];
 #pragma unroll
@@ -253,7 +259,14 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
     const int e = tid + k * kThreads;
     const int r = e / kVecs, v = e - r * kVecs;
     if (kRows * kVecs % kThreads == 0 || r < kRows) {
-      *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
+      if constexpr (kFp8) {
+        uint4 lo, hi;
+        widen_e4m3x16<Widen>(value[k], lo, hi);
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 16, kRows)) = lo;
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 16 + 8, kRows)) = hi;
+      } else {
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 8, kRows)) = value[k];
+      }
     }
   }
 }

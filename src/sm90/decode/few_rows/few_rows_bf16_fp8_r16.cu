@@ -1,0 +1,8 @@
+// Few-rows decode kernel, bf16 query over an e4m3 kv_cache, 16 padded query rows.
+#include "sm90/decode/few_rows/few_rows_kernel.cuh"
+
+namespace mla::sm90::few_rows {
+template cudaError_t launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, 16>(const DecodeKernelParams&,
+                                                                      const CUtensorMap&,
+                                                                      cudaStream_t, bool);
+}  // namespace mla::sm90::few_rows

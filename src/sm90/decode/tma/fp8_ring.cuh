@@ -1,0 +1,167 @@
+// The K-block ring of the TMA kernels over an fp8 (e4m3) cache: each block's e4m3 bytes land in
+// the upper half of its 16-bit stage, and warps 1..3 of the producer warpgroup widen them in place,
+// chunk by chunk, into the 16-bit layout the consumers read (docs/sm90-fp8.md). The consumers'
+// code is the 16-bit kernels' own: they wait on the same full barriers, which the widening warps
+// complete instead of the copy engine.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+#include "sm90/decode/tma/widen.cuh"
+
+namespace mla::sm90::tma {
+
+// The storage formats of one TMA-kernel instantiation and the 16-bit type its GEMMs run in: a bf16
+// query keeps bf16 GEMMs (an fp8 cache is widened to bf16); an fp8 query runs fp16 GEMMs (e4m3
+// values are exact in fp16 as in bf16, and fp16 keeps 3 more bits of P).
+template <Elem Q, Elem KV>
+struct Formats {
+  static_assert((Q == KV && Q != Elem::kFp8DsMla) || (Q == Elem::kBf16 && KV == Elem::kFp8E4M3),
+                "the (query, kv_cache) pairs of the contract that the TMA kernels take");
+  static constexpr bool kFp8Query = Q == Elem::kFp8E4M3;
+  static constexpr bool kFp8Cache = KV == Elem::kFp8E4M3;
+  static constexpr Elem kCompute = Q == Elem::kBf16 ? Elem::kBf16 : Elem::kFp16;
+  static constexpr int kQueryBytes = kFp8Query ? 1 : 2;  // per query element
+};
+
+// Producer warps that widen (1..3; warp 0 issues the boxes).
+inline constexpr int kWidenWarps = 3;
+inline constexpr int kWidenThreads = kWidenWarps * 32;
+
+// Byte offset of a stage's landing area: the e4m3 block (kChunks chunks of 64 keys x 64 bytes,
+// unswizzled) takes the upper half of the 16-bit stage. Chunk c widens into bytes
+// [8 KB c, 8 KB (c + 1)), which cover e4m3 chunks 2c - 9 and 2c - 8 only: never a chunk that has
+// not been read yet, except chunk 8 itself (read whole before it is written).
+template <typename Traits>
+inline constexpr uint32_t kLandingOffset = Traits::kKeys* Traits::kD;  // 2-byte stage: half
+template <typename Traits>
+inline constexpr uint32_t kFp8ChunkBytes = Traits::kKeys* Traits::kChunkCols;
+
+// The barriers of the fp8 ring: `full` (what the consumers wait for) completes once the three
+// widening warps have arrived; `landed` (one arrival per issuer, with its transaction bytes) once
+// the chunk's e4m3 boxes are in. Empty barriers as in init_ring_barriers.
+template <typename Traits>
+__device__ __forceinline__ void init_fp8_ring_barriers(typename Traits::SharedMemoryPlan& smem,
+                                                       int issuers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Traits::kStages; ++s) {
+      for (int c = 0; c < Traits::kChunks; ++c) {
+        mbar_init(&smem.full[s][c], kWidenWarps);
+        mbar_init(&smem.landed[s][c], issuers);
+      }
+      mbar_init(&smem.empty_l[s], 128 / 32);
+      mbar_init(&smem.empty_r[s], 128 / 32);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+}
+
+// Issues the e4m3 boxes of the run's blocks into the stages' landing areas: issuer `piece` (lane
+// `piece` of producer warp 0) loads page piece `piece` of every chunk, as produce_chunks does for
+// 16-bit caches, but only once both consumers have released the stage (its landing area holds V_R
+// and the rope chunk, where P lives, and the widened chunks 0..3 overwrite V_L).
+template <typename Traits, bool kEvictFirst = false>
+__device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, const TileWork& w,
+                                                 const CUtensorMap* kv_map,
+                                                 typename Traits::SharedMemoryPlan& smem, int piece,
+                                                 uint32_t used0, uint32_t used1) {
+  static_assert(Traits::kStages == 2, "blocks alternate between two stages");
+  constexpr int kKeys = Traits::kKeys;
+  const int page_rows = min(kKeys, p.page_size);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
+  const uint32_t box_bytes = page_rows * Traits::kChunkCols;  // one byte per value
+  const int piece_key = piece * page_rows;
+  const uint64_t policy = kEvictFirst ? l2_evict_first_policy() : 0;
+  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+    const int stage = it & 1;
+    const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
+    const int key = block * kKeys + piece_key;
+    const bool has = key < w.extent;  // a piece past the extent is neither looked up nor loaded
+    const int page = has ? table[key >> p.page_shift] : 0;
+    const int row_in_page = key & (p.page_size - 1);
+    uint8_t* landing = reinterpret_cast<uint8_t*>(smem.k[stage]) + kLandingOffset<Traits>;
+    mbar_wait(&smem.empty_l[stage], phase ^ 1);
+    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+#pragma unroll 1
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      uint64_t* bar = &smem.landed[stage][c];
+      mbar_arrive_expect_tx(bar, has ? box_bytes : 0u);
+      if (has) {
+        uint8_t* dst = landing + c * kFp8ChunkBytes<Traits> + piece_key * Traits::kChunkCols;
+        if constexpr (kEvictFirst) {
+          tma_load_3d_hint(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, page, policy);
+        } else {
+          tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, page);
+        }
+      }
+    }
+  }
+}
+
+// Widens the run's blocks as they land: thread `tid` (0 .. kWidenThreads - 1 over warps 1..3 of
+// the producer warpgroup) takes 16-byte pieces tid, tid + 96 and tid + 192 of each chunk (piece e:
+// key e / 4, columns 16 (e % 4) ..), writes the 32 bytes they widen to into the chunk's
+// 128-byte-swizzled 16-bit rows, and each warp arrives on the chunk's full barrier once its stores
+// are fenced for the async proxy. Pieces of keys past the extent widen whatever the stage holds:
+// the consumers mask those keys and zero their V rows, as for 16-bit caches.
+template <typename Traits>
+__device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
+                                                 typename Traits::SharedMemoryPlan& smem, int tid,
+                                                 uint32_t used0, uint32_t used1, uint32_t barrier) {
+  using T16 =
+      std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
+  constexpr int kPieces = kFp8ChunkBytes<Traits> / 16;                       // 256 per chunk
+  constexpr int kPerThread = (kPieces + kWidenThreads - 1) / kWidenThreads;  // 3
+  static_assert(kWidenThreads % 32 == 0, "pieces tid + 96 j share tid's column and swizzle");
+  constexpr uint32_t kKeyStep = kWidenThreads / 4 * 128;  // bytes between a thread's rows
+  // The thread's pieces sit in the same columns of rows tid / 4 + 24 j, whose swizzle phase
+  // (row % 8) is the same: one pair of destination offsets per thread.
+  const int key0 = tid >> 2, unit = 2 * (tid & 3);
+  const uint32_t dst_lo = key0 * 128 + ((unit ^ (key0 & 7)) << 4);
+  const uint32_t dst_hi = key0 * 128 + (((unit + 1) ^ (key0 & 7)) << 4);
+  const bool has_last = tid + (kPerThread - 1) * kWidenThreads < kPieces;
+#pragma unroll 1
+  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+    const int stage = it & 1;
+    const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+    const uint8_t* src = bytes + kLandingOffset<Traits> + tid * 16;
+#pragma unroll 1
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      mbar_wait(&smem.landed[stage][c], phase);
+      uint4 v[kPerThread];
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (j < kPerThread - 1 || has_last) {
+          v[j] = *reinterpret_cast<const uint4*>(src + j * kWidenThreads * 16);
+        }
+      }
+      // NOTE: chunks 4.. overwrite e4m3 chunks (2c - 9, 2c - 8) that every widening thread has
+      // read before this barrier; chunk 8 overwrites itself.
+      if (c >= 4) named_barrier_sync(barrier, kWidenThreads);
+      uint8_t* dst = bytes + c * Traits::kKeys * 128;
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        if (j < kPerThread - 1 || has_last) {
+          uint4 lo, hi;
+          widen_e4m3x16<T16>(v[j], lo, hi);
+          *reinterpret_cast<uint4*>(dst + dst_lo + j * kKeyStep) = lo;
+          *reinterpret_cast<uint4*>(dst + dst_hi + j * kKeyStep) = hi;
+        }
+      }
+      src += kFp8ChunkBytes<Traits>;
+      fence_proxy_async_smem();
+      __syncwarp();
+      if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
+    }
+  }
+}
+
+}  // namespace mla::sm90::tma

@@ -1,0 +1,42 @@
+// Exact widening of e4m3 values to 16-bit GEMM operands (fp8 queries and caches of the TMA
+// kernels: docs/sm90-fp8.md).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace mla::sm90::tma {
+
+// Two e4m3 values (the first in the low byte) as two 16-bit values of T (bf16 or fp16, the first
+// in the low half). Exact: every e4m3 value, NaN included, is a value of both.
+template <typename T>
+__device__ __forceinline__ uint32_t widen_e4m3x2(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "16-bit element types");
+    const float2 f = __half22float2(__half2(h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// 16 e4m3 values as 16 values of T: the low 8 in `lo`, the high 8 in `hi`.
+template <typename T>
+__device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& hi) {
+  lo.x = widen_e4m3x2<T>(static_cast<uint16_t>(v.x));
+  lo.y = widen_e4m3x2<T>(static_cast<uint16_t>(v.x >> 16));
+  lo.z = widen_e4m3x2<T>(static_cast<uint16_t>(v.y));
+  lo.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.y >> 16));
+  hi.x = widen_e4m3x2<T>(static_cast<uint16_t>(v.z));
+  hi.y = widen_e4m3x2<T>(static_cast<uint16_t>(v.z >> 16));
+  hi.z = widen_e4m3x2<T>(static_cast<uint16_t>(v.w));
+  hi.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.w >> 16));
+}
+
+}  // namespace mla::sm90::tma
