@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -20,6 +22,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/numeric.h"
@@ -53,12 +56,13 @@ struct Config {
   uint64_t seed = 1;
   bool json = false;
   int64_t seq_sd = 0;      // > 0: seq lens drawn from N(seq_len, seq_sd), at least q_len ("varlen")
-  std::string suite;       // "goals": the Hopper goal table; empty: one configuration
+  std::string suite;       // "goals" or "sweep" (suite_of); empty: one configuration
+  bool list = false;       // --list: print the suite's configurations, run nothing
   std::string json_out;    // --json-out FILE: one JSON object per configuration
   std::string times_out;   // --times-out FILE: every timed iteration, one line each
   bool ceilings = false;   // measure device copy bandwidth and bf16 matmul rate first
   bool pdl = false;        // enable_pdl: programmatic dependent launch between the kernels
-  bool allow_cpu = false;  // let --suite goals run on the cpu backend
+  bool allow_cpu = false;  // let a suite run on the cpu backend
 };
 
 constexpr uint64_t kInt32Max = 2147483647;
@@ -87,8 +91,12 @@ void usage() {
       "                   fixed)\n"
       "  --suite goals    run the Hopper goal table (10 configurations) and print a summary\n"
       "                   (on the cpu backend only with --allow-cpu)\n"
-      "  --allow-cpu      let --suite goals run on the cpu backend (GPU-sized shapes:\n"
-      "                   minutes to hours)\n"
+      "  --suite sweep    run the dense sweep (50 configurations: batch 1..1024, seq_len\n"
+      "                   512..262144 fixed and varlen, heads 8..128, q_len 1..4, pages 32 and\n"
+      "                   64) in --dtype (default bf16) and print a summary (cpu: --allow-cpu)\n"
+      "  --list           with --suite: print the suite's configurations and run nothing\n"
+      "  --allow-cpu      let a suite run on the cpu backend (GPU-sized shapes: minutes to\n"
+      "                   hours)\n"
       "  --ceilings       measure the device copy bandwidth and bf16 matmul rate first (GPU)\n"
       "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
       "  --json           print one JSON object per configuration instead of the table\n"
@@ -180,7 +188,9 @@ bool parse_args(int argc, char** argv, Config& c) {
     } else if (a == "--seq-sd") {
       c.seq_sd = static_cast<int64_t>(count(0, kInt32Max));
     } else if (a == "--suite") {
-      c.suite = one_of(a, value(), {"goals"});
+      c.suite = one_of(a, value(), {"goals", "sweep"});
+    } else if (a == "--list") {
+      c.list = true;
     } else if (a == "--allow-cpu") {
       c.allow_cpu = true;
     } else if (a == "--json-out") {
@@ -389,16 +399,127 @@ int64_t attended_keys(int64_t seq_len, int64_t n, int64_t i) {
   return std::max<int64_t>(0, std::min(seq_len, seq_len - n + i + 1));
 }
 
-// Re-runs a few requests alone on the cpu backend and compares their rows bitwise: a request's
-// result must not depend on the rest of the batch.
+// The first n elements at `data`, of type `t` (a query or cache dtype of --dtype), as floats.
+void decode_values(const uint8_t* data, mla::DataType t, int64_t n, float* dst) {
+  using namespace mla::detail::cpu;
+  if (t == mla::dtype::kFloat8E4M3) {
+    const std::array<float, 256>& table = fp8_e4m3_table();
+    for (int64_t e = 0; e < n; ++e) dst[e] = table[data[e]];
+  } else if (t == mla::dtype::kFloat32) {
+    std::memcpy(dst, data, static_cast<size_t>(n) * 4);
+  } else {
+    const bool bf = t == mla::dtype::kBFloat16;
+    for (int64_t e = 0; e < n; ++e) {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * e, 2);
+      dst[e] = bf ? bf16_to_float(h) : fp16_to_float(h);
+    }
+  }
+}
+
+// What the fp8 check's allowance of one (token, head) row is made of, in float64: abs_sum[l] =
+// sum_j p_j |v_jl| / Z over the row's attended keys j (p_j = exp(s_j - max s), Z = sum_j p_j, v_j
+// the first L values of key j), and score_err, the probable fp32 error of one score:
+// 4 sqrt(D) 2^-24 x max_j bmm1_scale sum_d |q_d k_jd| (Higham and Mary's sqrt(n) estimate of a
+// length-D fp32 dot product, with a factor 4 of margin).
+struct RowMagnitudes {
+  std::vector<double> abs_sum;  // [L]
+  double score_err = 0.0;
+};
+
+// The magnitudes of request b's q_len x heads rows, on every hardware thread.
+std::vector<RowMagnitudes> row_magnitudes(const Config& c, const Step& s, int64_t b) {
+  const int64_t D = c.kv_lora_rank + c.rope_dim, L = c.kv_lora_rank;
+  const int64_t rows = c.q_len * c.heads;
+  const size_t kv_bytes = dtype_bytes(s.kv_dtype);
+  const double scale = s.params.bmm1_scale;
+  const int64_t len = s.seq_lens[static_cast<size_t>(b)];
+  std::vector<RowMagnitudes> out(static_cast<size_t>(rows));
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    std::vector<float> q(static_cast<size_t>(D)), k(static_cast<size_t>(D));
+    std::vector<double> scores;
+    for (int64_t r = next++; r < rows; r = next++) {
+      const int64_t i = r / c.heads;  // query token; head r % c.heads
+      decode_values(s.query.data() + static_cast<size_t>((b * c.q_len * c.heads + r) * D) *
+                                         dtype_bytes(s.q_dtype),
+                    s.q_dtype, D, q.data());
+      const int64_t n = attended_keys(len, c.q_len, i);
+      auto key = [&](int64_t j) {
+        const int64_t page = s.block_tables[static_cast<size_t>(b * s.max_pages + j / c.page_size)];
+        return s.kv.data() +
+               static_cast<size_t>((page * c.page_size + j % c.page_size) * D) * kv_bytes;
+      };
+      scores.assign(static_cast<size_t>(n), 0.0);
+      double max_score = -HUGE_VAL, max_magnitude = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        decode_values(key(j), s.kv_dtype, D, k.data());
+        double dot = 0.0, magnitude = 0.0;
+        for (int64_t d = 0; d < D; ++d) {
+          const double term = static_cast<double>(q[d]) * k[d];
+          dot += term;
+          magnitude += std::fabs(term);
+        }
+        scores[j] = scale * dot;
+        max_score = std::max(max_score, scores[j]);
+        max_magnitude = std::max(max_magnitude, scale * magnitude);
+      }
+      RowMagnitudes& m = out[static_cast<size_t>(r)];
+      m.abs_sum.assign(static_cast<size_t>(L), 0.0);
+      m.score_err = 4.0 * std::sqrt(static_cast<double>(D)) * 0x1.0p-24 * max_magnitude;
+      double z = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        const double p = std::exp(scores[j] - max_score);
+        z += p;
+        decode_values(key(j), s.kv_dtype, L, k.data());
+        for (int64_t l = 0; l < L; ++l) m.abs_sum[l] += p * std::fabs(k[l]);
+      }
+      if (z > 0.0) {
+        for (double& a : m.abs_sum) a /= z;
+      }
+    }
+  };
+  const int64_t workers =
+      std::min<int64_t>(rows, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  return out;
+}
+
+// Re-runs a few requests alone on the cpu backend and compares their rows: bitwise on the cpu
+// backend (a request's result must not depend on the rest of the batch), within a tolerance on
+// the GPU (check_sample).
 struct CheckResult {
   int requests = 0;
   double max_abs_diff = 0.0;
+  double worst = 0.0;  // the largest |diff| / allowed over the checked values (GPU runs)
   bool ok = true;
 };
 
-// With `bitwise` false (a GPU run against the cpu backend: another summation order), a value
-// passes within 2^-7 relative + 1e-3 absolute. A no-op step (no query tokens) has nothing to check.
+// With `bitwise` false (a GPU run against the cpu backend: another summation order):
+// - 16-bit caches: a value passes within 2^-7 relative + 1e-3 absolute.
+// - fp8 caches: an fp8 cache holds values up to 7.5 (fill_random), whose softmax-weighted terms
+//   p_j v_jl cancel in many outputs, and there a per-value relative tolerance is no bound on the
+//   GPU's rounding. The bound is scaled by the row instead, by A_l = sum_j p_j |v_jl| / Z
+//   (row_magnitudes), the sum of the magnitudes of the terms of out_l; |out_l| <= A_l. With u the
+//   largest relative error of rounding to a 16-bit type (2^-8 for bf16, 2^-11 for fp16):
+//     - P: a kernel that enters PV with p_j rounded to 16 bits (the TMA kernels, docs/sm90-tma.md,
+//       "Precision") moves each weight p_j / Z by at most u_P relatively in numerator and sum:
+//       2 u_P A_l. u_P = 2^-8 (bf16 P, the looser); the SIMT kernel (fp32 P) needs none of it.
+//     - the partials: each split's o_s is rounded to the out type and merged in fp32 with weights
+//       w_s (sum_s w_s = Z), so out moves by u_out sum_s w_s |o_s| / Z <= u_out A_l.
+//     - the final rounding of out to the out type, on the GPU and on the cpu: 2 u_out |out_l|
+//       <= 2 u_out A_l.
+//     - fp32 arithmetic on both sides: a score error e_j moves out_l by sum_j p_j e_j
+//       |v_jl - out_l| / Z <= e (A_l + |out_l|) <= 2 e A_l per side, e the score error of
+//       row_magnitudes; exponentials, rescaling and the sums over up to 2^18 keys err by well
+//       under 2^-12 of A_l per side (sqrt(n) estimate, n keys or blocks).
+//   allowed_l = (2 u_P + 3 u_out + 2^-11 + 4 e) A_l + 2^-22, the last term for fp16's subnormal
+//   spacing. For bf16 out: about 0.02 A_l. A lost split, key or row is off by a weight times |v|
+//   (values up to 7.5), far above it wherever the missing weight is more than a few percent.
+// A no-op step (no query tokens) has nothing to check; NaN never passes.
 CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   using mla::detail::cpu::bf16_to_float;
   using mla::detail::cpu::fp16_to_float;
@@ -407,6 +528,9 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   const size_t q_row_bytes = static_cast<size_t>(c.q_len * c.heads * D) * dtype_bytes(s.q_dtype);
   const size_t out_elems = static_cast<size_t>(c.q_len * c.heads * c.kv_lora_rank);
+  const bool fp8_cache = s.kv_dtype == mla::dtype::kFloat8E4M3;
+  const bool bf = s.out_dtype == mla::dtype::kBFloat16;
+  const double u_out = bf ? 0x1.0p-8 : 0x1.0p-11, u_p = 0x1.0p-8;
   const int64_t samples[] = {0, c.batch / 2, c.batch - 1};
   int64_t last = -1;
   for (int64_t b : samples) {
@@ -430,17 +554,29 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
     p.workspace = mla::TensorView::contiguous(ws.data(), mla::dtype::kUInt8,
                                               {static_cast<int64_t>(ws.size())});
     mla::decode(p);
+    std::vector<RowMagnitudes> rows;
+    if (!bitwise && fp8_cache) rows = row_magnitudes(c, s, b);
     const uint8_t* got = s.out.data() + b * out.size();
     for (size_t e = 0; e < out_elems; ++e) {
       uint16_t x, y;
       std::memcpy(&x, got + 2 * e, 2);
       std::memcpy(&y, out.data() + 2 * e, 2);
-      const bool bf = s.out_dtype == mla::dtype::kBFloat16;
       const double fx = bf ? bf16_to_float(x) : fp16_to_float(x);
       const double fy = bf ? bf16_to_float(y) : fp16_to_float(y);
       const double diff = std::fabs(fx - fy);
       if (std::isnan(diff) || diff > r.max_abs_diff) r.max_abs_diff = diff;
-      if (bitwise ? x != y : !(diff <= std::fabs(fy) / 128 + 1e-3)) r.ok = false;
+      if (bitwise) {
+        if (x != y) r.ok = false;
+        continue;
+      }
+      double allowed = std::fabs(fy) / 128 + 1e-3;
+      if (fp8_cache) {
+        const RowMagnitudes& m = rows[e / static_cast<size_t>(c.kv_lora_rank)];
+        const double a = m.abs_sum[e % static_cast<size_t>(c.kv_lora_rank)];
+        allowed = (2 * u_p + 3 * u_out + 0x1.0p-11 + 4 * m.score_err) * a + 0x1.0p-22;
+      }
+      if (!(diff <= allowed)) r.ok = false;
+      r.worst = std::isnan(diff) ? HUGE_VAL : std::max(r.worst, diff / allowed);
     }
     ++r.requests;
   }
@@ -766,13 +902,14 @@ std::string to_json(const Result& r) {
       "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
       "\"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, \"min_us\": %.3f, \"p90_us\": %.3f, "
       "\"tflops\": %.6f, \"tbps\": %.6f, "
-      "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"passed\": %s}, \"note\": \"%s\"}",
+      "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"max_diff_over_allowed\": %g, "
+      "\"passed\": %s}, \"note\": \"%s\"}",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
       static_cast<long long>(c.seq_sd), static_cast<long long>(r.mean_seq_len),
       static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
       c.rope_dim, c.dtype.c_str(), c.iters, r.no_op ? "true" : "false", r.median_us, r.min_us,
-      r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff,
+      r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff, r.check.worst,
       r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
@@ -794,10 +931,13 @@ void print_text(const Result& r) {
   if (r.no_op) {
     std::printf("check:  none (a no-op call writes nothing)\n");
   } else {
-    std::printf("check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g)\n",
-                r.check.requests,
-                r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
-                r.check.max_abs_diff);
+    std::printf(
+        "check:  %d sampled requests re-run alone on cpu: %s (max abs diff %g%s)\n",
+        r.check.requests, r.check.ok ? (on_cpu ? "bitwise equal" : "within tolerance") : "MISMATCH",
+        r.check.max_abs_diff,
+        on_cpu ? ""
+               : (", at most " + std::to_string(r.check.worst) + " of the allowed difference")
+                     .c_str());
   }
   std::printf(
       "time:   median %.1f us, min %.1f us, 90th percentile %.1f us over %d iterations (%s)\n",
@@ -806,26 +946,134 @@ void print_text(const Result& r) {
   std::printf("rate:   %.4f TFLOP/s, %.4f TB/s\n", r.tflops, r.tbps);
 }
 
-// The Hopper goal table: DeepSeek-V3 shapes (page 64, bf16); seq_sd > 0 is the varlen row.
-std::vector<Config> goal_suite(const Config& base) {
-  struct Row {
-    int64_t batch, q_len, seq_len, seq_sd, heads;
-  };
-  const Row rows[] = {{128, 1, 8192, 0, 128},   {128, 2, 8192, 0, 128}, {128, 4, 8192, 0, 128},
-                      {64, 2, 8192, 4096, 128}, {8, 1, 32768, 0, 128},  {128, 1, 8192, 0, 64},
-                      {128, 1, 8192, 0, 16},    {1, 1, 8192, 0, 128},   {1, 1, 65536, 0, 128},
-                      {1, 1, 8192, 0, 16}};
+// One row of a suite: a dense shape; the rest (dtype, backend, seed, ...) comes from the flags.
+struct SuiteRow {
+  int64_t batch, q_len, seq_len;
+  bool varlen;               // seq lens drawn with --seq-sd's rule, sd half the mean seq_len
+  int64_t heads, page_size;  // page_size 0: --page-size's (the goal table)
+};
+
+// The rows as configurations. With `fewer_iters`, on the GPU without --iters, a row of at least
+// 2^28 (query row, key) pairs (about 0.5 ms and more on an H100) runs 50 iterations instead of
+// 100, which keeps a long suite's replays short.
+std::vector<Config> suite_configs(const Config& base, const std::vector<SuiteRow>& rows, bool gpu,
+                                  bool fewer_iters) {
   std::vector<Config> out;
-  for (const Row& row : rows) {
+  for (const SuiteRow& row : rows) {
     Config c = base;
     c.batch = row.batch;
     c.q_len = row.q_len;
     c.seq_len = row.seq_len;
-    c.seq_sd = row.seq_sd;
+    c.seq_sd = row.varlen ? row.seq_len / 2 : 0;
     c.heads = row.heads;
+    if (row.page_size > 0) c.page_size = row.page_size;
+    const double pairs =
+        static_cast<double>(row.batch * row.q_len * row.heads) * static_cast<double>(row.seq_len);
+    if (fewer_iters && gpu && base.iters < 0 && pairs >= 0x1.0p28) c.iters = 50;
     out.push_back(c);
   }
   return out;
+}
+
+// The Hopper goal table: DeepSeek-V3 shapes (page 64 and bf16 by default: --page-size, --dtype).
+std::vector<SuiteRow> goal_rows() {
+  return {{128, 1, 8192, false, 128, 0}, {128, 2, 8192, false, 128, 0},
+          {128, 4, 8192, false, 128, 0}, {64, 2, 8192, true, 128, 0},
+          {8, 1, 32768, false, 128, 0},  {128, 1, 8192, false, 64, 0},
+          {128, 1, 8192, false, 16, 0},  {1, 1, 8192, false, 128, 0},
+          {1, 1, 65536, false, 128, 0},  {1, 1, 8192, false, 16, 0}};
+}
+
+// The dense sweep (issue 35): batch 1..1024, seq_len 512..262144 fixed and varlen, heads 8..128,
+// q_len 1..4, pages 32 and 64, in --dtype. It holds the goal table and the other shapes the
+// FlashMLA comparison names (B128 H32, B32 4096, B16 varlen 16384 H16, B256 2048, B64 q2 varlen
+// H16, B2 131072). The largest cache, B128 x 32768 (4.5 GiB in bf16), keeps the host's input
+// fill to seconds.
+std::vector<SuiteRow> sweep_rows() {
+  std::vector<SuiteRow> rows = goal_rows();
+  for (SuiteRow& row : rows) row.page_size = 64;
+  const std::vector<SuiteRow> more = {
+      // the rest of the FlashMLA comparison
+      {128, 1, 8192, false, 32, 64},
+      {32, 1, 4096, false, 128, 64},
+      {16, 1, 16384, true, 16, 64},
+      {256, 1, 2048, false, 128, 64},
+      {64, 2, 8192, true, 16, 64},
+      {2, 1, 131072, false, 128, 64},
+      // one request: latency floor to the longest context
+      {1, 1, 512, false, 128, 64},
+      {1, 1, 2048, false, 8, 32},
+      {1, 2, 32768, false, 128, 64},
+      {1, 4, 16384, false, 64, 32},
+      {1, 3, 131072, false, 32, 64},
+      {1, 1, 262144, false, 128, 64},
+      {1, 1, 262144, false, 16, 32},
+      // a few requests, long contexts
+      {4, 1, 65536, false, 128, 64},
+      {4, 1, 65536, true, 32, 32},
+      {8, 3, 16384, false, 64, 64},
+      {8, 1, 32768, false, 8, 32},
+      {16, 1, 16384, false, 128, 32},
+      {16, 2, 65536, false, 64, 64},
+      {32, 2, 32768, true, 128, 64},
+      {32, 1, 8192, false, 8, 64},
+      // mid batches
+      {64, 1, 16384, false, 128, 64},
+      {64, 4, 4096, false, 32, 32},
+      {64, 3, 8192, false, 16, 64},
+      {128, 1, 8192, false, 8, 64},
+      {128, 1, 8192, false, 128, 32},
+      {128, 1, 8192, true, 128, 64},
+      {128, 3, 4096, false, 64, 64},
+      {128, 1, 512, false, 128, 64},
+      {128, 1, 32768, false, 128, 64},
+      // large batches, short contexts
+      {256, 1, 4096, true, 16, 64},
+      {256, 2, 2048, false, 64, 32},
+      {512, 1, 1024, false, 128, 64},
+      {512, 1, 4096, true, 128, 64},
+      {512, 1, 2048, false, 8, 64},
+      {1024, 1, 512, false, 128, 64},
+      {1024, 1, 1024, false, 16, 32},
+      {1024, 2, 2048, true, 128, 64},
+      {1024, 4, 512, false, 32, 64},
+      {1024, 1, 512, false, 8, 32},
+  };
+  rows.insert(rows.end(), more.begin(), more.end());
+  return rows;
+}
+
+std::vector<Config> suite_of(const Config& c, bool gpu) {
+  if (c.suite == "goals") return suite_configs(c, goal_rows(), gpu, false);
+  if (c.suite == "sweep") return suite_configs(c, sweep_rows(), gpu, true);
+  return {c};
+}
+
+// --list: the suite's configurations, one table row each, and nothing run. Iterations are those
+// of the sm90 backend (--backend cpu: the cpu backend's) unless --iters is given.
+void print_suite(const Config& c) {
+  const bool gpu = c.backend != "cpu";
+  const std::vector<Config> configs = suite_of(c, gpu);
+  Step s;
+  resolve_dtypes(c.dtype, s);
+  std::printf("suite %s: %zu configurations, dtype %s\n", c.suite.c_str(), configs.size(),
+              c.dtype.c_str());
+  std::printf("| # | batch | q_len | seq_len | heads | page | cache GiB | iterations |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& k = configs[i];
+    const std::string varlen = k.seq_sd > 0 ? " varlen (sd " + std::to_string(k.seq_sd) + ")" : "";
+    const double cache = static_cast<double>(k.batch) * static_cast<double>(k.seq_len) *
+                         (k.kv_lora_rank + k.rope_dim) *
+                         static_cast<double>(dtype_bytes(s.kv_dtype));
+    std::printf("| %zu | %lld | %lld | %lld%s | %lld | %lld | %.2f | %d |\n", i + 1,
+                static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
+                static_cast<long long>(k.seq_len), varlen.c_str(), static_cast<long long>(k.heads),
+                static_cast<long long>(k.page_size), cache / (1u << 30),
+                k.iters > 0 ? k.iters
+                : gpu       ? 100
+                            : 5);
+  }
 }
 
 FILE* open_for_writing(const std::string& flag, const std::string& path) {
@@ -838,25 +1086,37 @@ FILE* open_for_writing(const std::string& flag, const std::string& path) {
 }
 
 int run(const Config& c) {
+  if (c.list) {
+    if (c.suite.empty()) throw UsageError("--list: needs --suite goals or --suite sweep");
+    print_suite(c);
+    return 0;
+  }
   // Everything that can be refused is refused before any file is written or any work starts.
   const bool gpu = runs_on_gpu(c);
-  if (c.suite == "goals" && !gpu && !c.allow_cpu) {
-    throw UsageError(std::string("--suite goals: the table would run on the cpu backend (") +
+  const std::vector<Config> configs = suite_of(c, gpu);
+  if (!c.suite.empty() && !gpu && !c.allow_cpu) {
+    int64_t batch = 0, seq_len = 0, heads = 0;
+    for (const Config& k : configs) {
+      batch = std::max(batch, k.batch);
+      seq_len = std::max(seq_len, k.seq_len);
+      heads = std::max(heads, k.heads);
+    }
+    throw UsageError("--suite " + c.suite + ": the table would run on the cpu backend (" +
                      (c.backend == "cpu" ? "--backend cpu" : "no Hopper GPU here") +
-                     "), and its shapes are GPU-sized (up to batch 128 x seq_len 8192 x 128 heads, "
-                     "and seq_len 65536), which take minutes to hours there; pass --allow-cpu to "
-                     "run it on the cpu anyway");
+                     "), and its shapes are GPU-sized (up to batch " + std::to_string(batch) +
+                     ", seq_len " + std::to_string(seq_len) + ", " + std::to_string(heads) +
+                     " heads), which take minutes to hours there; pass --allow-cpu to run it on "
+                     "the cpu anyway");
   }
   FILE* json_file = open_for_writing("--json-out", c.json_out);
   FILE* times_file = open_for_writing("--times-out", c.times_out);
   Ceilings ceilings;
-  if (gpu && (c.ceilings || c.suite == "goals")) {
+  if (gpu && (c.ceilings || !c.suite.empty())) {
     std::fprintf(stderr, "mla-bench: measuring the device copy bandwidth and bf16 matmul rate\n");
     ceilings = measure_ceilings();
   } else if (c.ceilings) {
     std::fprintf(stderr, "mla-bench: --ceilings: not on a Hopper GPU, nothing measured\n");
   }
-  const std::vector<Config> configs = c.suite.empty() ? std::vector<Config>{c} : goal_suite(c);
   std::vector<Result> results;
   bool ok = true;
   for (const Config& config : configs) {
@@ -889,17 +1149,22 @@ int run(const Config& c) {
     if (!results.empty() && !results.front().note.empty()) {
       std::printf("note: %s\n", results.front().note.c_str());
     }
-    std::printf("| batch | q_len | seq_len | heads | median us | TFLOP/s | TB/s | check |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    // The goal table's pages are all 64; the sweep's differ, so it has a page column.
+    const bool pages = c.suite != "goals";
+    std::printf("suite %s, dtype %s\n", c.suite.c_str(), c.dtype.c_str());
+    std::printf("| batch | q_len | seq_len | heads |%s median us | TFLOP/s | TB/s | check |\n",
+                pages ? " page |" : "");
+    std::printf("| --- | --- | --- | --- |%s --- | --- | --- | --- |\n", pages ? " --- |" : "");
     for (const Result& r : results) {
       const Config& k = r.config;
       // NOTE: a varlen row's drawn lengths have their own mean (the work measured), shown too.
       const std::string varlen =
           k.seq_sd > 0 ? " varlen (drawn mean " + std::to_string(r.mean_seq_len) + ")" : "";
-      std::printf("| %lld | %lld | %lld%s | %lld | %.1f | %.1f | %.2f | %s |\n",
+      const std::string page = pages ? " " + std::to_string(k.page_size) + " |" : "";
+      std::printf("| %lld | %lld | %lld%s | %lld |%s %.1f | %.1f | %.2f | %s |\n",
                   static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
                   static_cast<long long>(k.seq_len), varlen.c_str(),
-                  static_cast<long long>(k.heads), r.median_us, r.tflops, r.tbps,
+                  static_cast<long long>(k.heads), page.c_str(), r.median_us, r.tflops, r.tbps,
                   r.check.ok ? "ok" : "MISMATCH");
     }
   }

@@ -64,7 +64,8 @@ expect 2 "--batch: needs a value" -- --backend cpu --batch
 # Names, files and the command line itself.
 expect 2 "--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got 'fp64'" -- --dtype fp64
 expect 2 "--backend: expected auto, sm90 or cpu, got 'gpu'" -- --backend gpu
-expect 2 "--suite: expected goals, got 'all'" -- --suite all
+expect 2 "--suite: expected goals or sweep, got 'all'" -- --suite all
+expect 2 "--list: needs --suite goals or --suite sweep" -- --list
 expect 2 "unknown option '--bogus'" -- --bogus
 expect 2 "unexpected argument 'foo'" -- foo
 expect 2 "--json-out: cannot open '$tmp/missing/x.json' for writing" -- \
@@ -74,6 +75,17 @@ expect 2 "--times-out: expected a file name, got '--json'" -- --times-out --json
 # Flags this machine or backend cannot run: refused before any work, still status 2.
 expect 2 "--suite goals: the table would run on the cpu backend" "--allow-cpu" -- \
   --suite goals --backend cpu
+expect 2 "--suite sweep: the table would run on the cpu backend" "--allow-cpu" -- \
+  --suite sweep --backend cpu
+expect 2 "--suite sweep: the table would run on the cpu backend" -- \
+  --suite sweep --backend cpu --dtype bf16-fp8 --json-out "$tmp/sweep.json"
+runs=$((runs + 1))
+if [ -e "$tmp/sweep.json" ]; then
+  failures=$((failures + 1))
+  echo "FAIL: a refused --suite sweep wrote its --json-out file"
+else
+  echo "ok:   a refused --suite sweep writes nothing"
+fi
 expect 2 "of host memory" "lower --batch" -- --backend cpu --batch 2147483647 --seq-len 2147483647
 # Without a Hopper GPU (or CUDA) the sm90 backend is refused; with one, the library refuses 200
 # heads. Either way: status 2 and a message about sm90.
@@ -86,6 +98,54 @@ expect 0 '"no_op": true' '"requests": 0' -- --backend cpu --batch 0 --iters 2 --
 expect 0 "bitwise equal" "over 2 iterations" "started" "finished in" -- \
   --backend cpu --batch 3 --seq-len 100 --heads 4 --q-len 2 --page-size 16 --iters 2 --warmup 0
 expect 0 "usage: mla-bench" "Exit status" -- --help
+
+# --suite sweep --list: a dry run (nothing measured, no GPU needed) that prints the sweep's shapes,
+# one table row each: at least 40, within the sweep's ranges (batch 1..1024, seq_len 512..262144,
+# heads 8..128, q_len 1..4, pages 32 and 64, a cache of at most 70 GB in bf16), fixed and varlen,
+# and holding every shape of the FlashMLA comparison of issue 35.
+expect 0 "suite sweep: " "configurations, dtype bf16" -- --suite sweep --list
+expect 0 "dtype bf16-fp8" -- --suite sweep --list --dtype bf16-fp8
+expect 0 "suite goals: 10 configurations" -- --suite goals --list
+runs=$((runs + 1))
+"$bench" --suite sweep --list >"$tmp/list" 2>&1
+# Rows: | # | batch | q_len | seq_len [varlen (sd N)] | heads | page | cache GiB | iterations |
+problems=$(awk -F'|' '
+  /^\| [0-9]/ {
+    n++; b = $3 + 0; q = $4 + 0; split($5, seq, " "); h = $6 + 0; pg = $7 + 0
+    varlen = ($5 ~ /varlen/)
+    if ($5 ~ /varlen/ && $5 !~ "sd " int(seq[1] / 2) ")") print "row " n ": sd is not half the mean"
+    key = b " " q " " seq[1] " " varlen " " h
+    have[key] = 1
+    if (varlen) nvar++; else nfixed++
+    if (b < 1 || b > 1024 || seq[1] < 512 || seq[1] > 262144 || q < 1 || q > 4 ||
+        (h != 8 && h != 16 && h != 32 && h != 64 && h != 128) || (pg != 32 && pg != 64))
+      print "row " n " out of range:" $0
+    if (b * seq[1] * 576 * 2 > 70e9) print "row " n ": cache over 70 GB:" $0
+    bs[b] = 1; hs[h] = 1; qs[q] = 1; ps[pg] = 1
+    if (seq[1] < minseq || minseq == 0) minseq = seq[1]
+    if (seq[1] > maxseq) maxseq = seq[1]
+  }
+  END {
+    if (n < 40) print "only " n " rows"
+    if (!nvar || !nfixed) print "fixed and varlen rows expected"
+    if (!(1 in bs) || !(1024 in bs)) print "batch 1 and 1024 expected"
+    if (minseq != 512 || maxseq != 262144) print "seq_len 512 to 262144 expected"
+    if (length(hs) != 5 || length(qs) != 4 || length(ps) != 2) print "heads, q_len or pages missing"
+    # The FlashMLA comparison: batch, q_len, seq_len, varlen, heads.
+    split("128 1 8192 0 128,128 2 8192 0 128,128 4 8192 0 128,64 2 8192 1 128,8 1 32768 0 128," \
+          "128 1 8192 0 64,128 1 8192 0 16,128 1 8192 0 32,1 1 8192 0 128,1 1 65536 0 128," \
+          "1 1 8192 0 16,32 1 4096 0 128,16 1 16384 1 16,256 1 2048 0 128,64 2 8192 1 16," \
+          "2 1 131072 0 128", want, ",")
+    for (i in want) if (!(want[i] in have)) print "missing shape " want[i]
+  }' "$tmp/list")
+rows=$(grep -c '^| [0-9]' "$tmp/list")
+if [ -n "$problems" ] || ! grep -q "^suite sweep: $rows configurations" "$tmp/list"; then
+  failures=$((failures + 1))
+  echo "FAIL: mla-bench --suite sweep --list ($rows rows):"
+  echo "$problems" | sed 's/^/  | /'
+else
+  echo "ok:   mla-bench --suite sweep --list: $rows shapes, within the sweep's ranges"
+fi
 
 # --json: stdout holds only JSON lines (progress goes to stderr).
 runs=$((runs + 1))
