@@ -58,3 +58,14 @@ else()
   target_sources(mla_decode PRIVATE src/sm90/host/unavailable.cc)
 endif()
 
+# The merge of partial (out, lse) states (include/mla/merge.h): the sm90 host side and the kernel
+# (merge/, one file per out dtype) with CUDA, a stub without.
+if(MLA_ENABLE_CUDA)
+  target_sources(mla_decode PRIVATE
+    src/sm90/host/merge.cc
+    src/sm90/decode/merge/merge_bf16.cu
+    src/sm90/decode/merge/merge_fp16.cu
+  )
+else()
+  target_sources(mla_decode PRIVATE src/sm90/host/merge_unavailable.cc)
+endif()

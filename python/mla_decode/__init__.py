@@ -2,7 +2,8 @@
 
 Native API: :func:`batch_decode` (one call), :func:`plan` / :meth:`Plan.run` (plan once per decode
 step, run every layer), :func:`workspace_size` / :func:`make_workspace`. FlashInfer-compatible:
-:func:`trtllm_batch_decode_with_kv_cache_mla`. Tensors from PyTorch, NumPy, CuPy or JAX (DLPack);
+:func:`trtllm_batch_decode_with_kv_cache_mla`. Context parallelism: :func:`merge_states` and
+:mod:`mla_decode.distributed`. Tensors from PyTorch, NumPy, CuPy or JAX (DLPack);
 the contract is docs/contract.md.
 """
 
@@ -17,6 +18,7 @@ from ._api import (
     workspace_size,
 )
 from ._lib import library_path
+from ._merge import merge_states
 from .flashinfer import trtllm_batch_decode_with_kv_cache_mla
 
 __version__ = "0.1.0"
@@ -28,6 +30,7 @@ __all__ = [
     "batch_decode",
     "library_path",
     "make_workspace",
+    "merge_states",
     "plan",
     "run",
     "trtllm_batch_decode_with_kv_cache_mla",

@@ -3,8 +3,8 @@
 Same parameter names, positional order and defaults as ``flashinfer.mla.
 trtllm_batch_decode_with_kv_cache_mla``, and FlashInfer's meaning for each of them, so an engine
 can switch by changing the import. What FlashInfer defines and this library cannot do raises an
-error naming the argument and value: FlashInfer's Blackwell backend names, decode context
-parallelism, the fp16 softmax variant. Arguments that only pick among FlashInfer's kernels are
+error naming the argument and value: FlashInfer's Blackwell backend names, the fp16 softmax
+variant. Arguments that only pick among FlashInfer's kernels are
 accepted and have no effect here. Where FlashInfer's own backends disagree (the base of ``lse``),
 the docstring says which answer this function gives.
 """
@@ -62,7 +62,8 @@ def _optional_bool(name: str, value: Any) -> Optional[bool]:
 def _check_context_parallel(
     enable_dcp: Any, cp_world: Any, cp_rank: Any, causal_seqlens_kv_global: Any
 ) -> None:
-    """FlashInfer's rules for its decode-context-parallel arguments; enabling it is refused."""
+    """FlashInfer's rules for its decode-context-parallel arguments (the types; the rest where
+    enable_dcp=True, in _dcp_local_args)."""
     if not isinstance(enable_dcp, bool):
         raise TypeError(f"enable_dcp: expected a bool, got {type(enable_dcp).__name__}")
     if isinstance(cp_world, bool) or not isinstance(cp_world, numbers.Integral) or cp_world <= 0:
@@ -70,11 +71,7 @@ def _check_context_parallel(
     if isinstance(cp_rank, bool) or not isinstance(cp_rank, numbers.Integral):
         raise TypeError(f"cp_rank: expected an int, got {type(cp_rank).__name__}")
     if enable_dcp:
-        raise NotImplementedError(
-            f"enable_dcp=True: decode context parallelism (cp_world={cp_world}, "
-            f"cp_rank={cp_rank}) is not implemented yet; call without enable_dcp on one GPU's "
-            "whole KV cache"
-        )
+        return
     given = [f"cp_world={cp_world}"] if cp_world != 1 else []
     given += [f"cp_rank={cp_rank}"] if cp_rank != 0 else []
     given += ["causal_seqlens_kv_global"] if causal_seqlens_kv_global is not None else []
@@ -83,6 +80,69 @@ def _check_context_parallel(
             f"{given[0].split('=')[0]}: context-parallel arguments need enable_dcp=True, got "
             f"{', '.join(given)} with enable_dcp=False"
         )
+
+
+def _dcp_local_args(
+    query: Tensor,
+    seq_lens: Any,
+    cp_world: int,
+    cp_rank: int,
+    causal_seqlens_kv_global: Any,
+    return_lse: bool,
+    sparse: bool,
+    cum_seq_lens_q: Any,
+    sinks: Any,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """enable_dcp=True: FlashInfer's checks, then this rank's local seq_lens and custom mask
+    (mla_decode.distributed.local_shard_args; docs/context-parallel.md)."""
+    from .distributed import local_shard_args
+
+    if not 0 <= cp_rank < cp_world:
+        raise ValueError(
+            f"cp_rank: expected 0 <= cp_rank < cp_world, got cp_rank={cp_rank}, "
+            f"cp_world={cp_world}"
+        )
+    if not return_lse:
+        raise ValueError(
+            "return_lse: enable_dcp=True returns this rank's partial state, which merges by its "
+            "lse: pass return_lse=True (as FlashInfer requires)"
+        )
+    if cum_seq_lens_q is not None:
+        raise ValueError("cum_seq_lens_q: enable_dcp=True takes a dense query, as in FlashInfer")
+    if sparse:
+        raise ValueError("sparse_mla_top_k: enable_dcp=True applies to dense MLA only")
+    if sinks is not None:
+        raise ValueError(
+            "sinks: with enable_dcp=True the sink applies once, after the ranks' states are "
+            "merged; pass them to mla_decode.merge_states (or mla_decode.distributed)"
+        )
+    if causal_seqlens_kv_global is None:
+        raise ValueError("causal_seqlens_kv_global: required when enable_dcp=True")
+    if not _arrays.is_tensor(causal_seqlens_kv_global):
+        raise TypeError(
+            f"causal_seqlens_kv_global: expected an int32 [B] tensor, got "
+            f"{type(causal_seqlens_kv_global).__name__}"
+        )
+    _check_int32("causal_seqlens_kv_global", causal_seqlens_kv_global)
+    q_shape = _arrays.shape(query)
+    if len(q_shape) != 4:
+        raise ValueError(
+            f"query: enable_dcp=True takes a dense [B, q_len, H, D] query, got shape "
+            f"{list(q_shape)}"
+        )
+    if _arrays.shape(causal_seqlens_kv_global) != (q_shape[0],):
+        raise ValueError(
+            f"causal_seqlens_kv_global: expected shape [{q_shape[0]}] (one global length per "
+            f"request), got {list(_arrays.shape(causal_seqlens_kv_global))}"
+        )
+    if _arrays.device(causal_seqlens_kv_global) != _arrays.device(query):
+        raise ValueError("causal_seqlens_kv_global: expected the query's device")
+    if not _arrays.is_tensor(seq_lens):
+        raise TypeError(f"seq_lens: expected an int32 [B] tensor, got {type(seq_lens).__name__}")
+    _check_int32("seq_lens", seq_lens)
+    return local_shard_args(
+        seq_lens, causal_seqlens_kv_global, q_shape[1], int(cp_world), int(cp_rank)
+    )
 
 
 def _check_page_table_layout(block_tables: Any, shared: bool) -> None:
@@ -270,9 +330,15 @@ def trtllm_batch_decode_with_kv_cache_mla(
             split-KV reduction here lives in the workspace).
         sparse_mla_top_k_lens: sparse mode, ``[B * q_len]`` (``[T]`` when ragged) int32, the
             leading entries of each token's indices that count.
-        enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global: decode context parallelism;
-            ``enable_dcp=True`` raises NotImplementedError (not implemented yet), and the other
-            three need it, as in FlashInfer (ValueError otherwise).
+        enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global: decode context parallelism,
+            with FlashInfer's meaning (its cute-dsl MLA decode): ``kv_cache``, ``block_tables``
+            and ``seq_lens`` are this rank's shard, local key k holding global token
+            ``k * cp_world + cp_rank``; ``causal_seqlens_kv_global`` (``[B]`` int32) the global
+            lengths, query tokens included, which bound each query token's keys causally. Needs
+            ``return_lse=True`` and a dense query; returns the rank's partial ``(out, lse)``, to
+            merge with :func:`mla_decode.merge_states` (which applies sinks: ``sinks`` with
+            ``enable_dcp`` raise ValueError). The other three need enable_dcp, as in FlashInfer.
+            docs/context-parallel.md.
         use_fp16_softmax: None or False; True (FlashInfer's SM107-only fp16 softmax, which
             changes results) raises ValueError.
         stream: keyword-only, explicit CUDA stream (default: the caller's current stream).
@@ -362,6 +428,12 @@ def trtllm_batch_decode_with_kv_cache_mla(
         )
     if not sparse:
         _check_page_table_layout(block_tables, bool(uses_shared_paged_kv_idx))
+    dcp_mask = None
+    if enable_dcp:
+        seq_lens, dcp_mask = _dcp_local_args(
+            query, seq_lens, cp_world, cp_rank, causal_seqlens_kv_global, return_lse, sparse,
+            cum_seq_lens_q, sinks,
+        )
 
     if out is None and isinstance(kv_lora_rank, numbers.Integral) and kv_lora_rank > 0:
         out = _arrays.empty(
@@ -388,6 +460,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
         cum_seq_lens_q=cum_seq_lens_q,
         max_q_len=max_q_len,
         sinks=_single_sinks(sinks),
+        mask=dcp_mask,
         sparse_indices=block_tables if sparse else None,
         sparse_topk_lens=topk_lens,
         sparse_top_k=sparse_mla_top_k,

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "host/merge_problem.h"
 #include "host/problem.h"
 #include "mla/decode.h"
 
@@ -24,6 +25,9 @@ void check_indices(const Problem& problem, const DecodeParams& params);
 
 // Computes out (and lse). Calls check_indices first, so nothing is written for bad indices.
 void run(const Problem& problem, const DecodeParams& params);
+
+// Merges the partial states of a validated merge call (src/cpu/merge.cc).
+void merge_states(const MergeProblem& problem, const MergeParams& params);
 
 }  // namespace cpu
 
@@ -50,6 +54,10 @@ void plan(const Problem& problem, const DecodeParams& params);
 
 // Launches the decode (and, with validate_indices, the index check first) on params.stream.
 void run(const Problem& problem, const DecodeParams& params);
+
+// Launches the merge kernel on params.stream (src/sm90/host/merge.cc; a build without CUDA links
+// src/sm90/host/merge_unavailable.cc).
+void merge_states(const MergeProblem& problem, const MergeParams& params);
 
 }  // namespace sm90
 }  // namespace mla::detail

@@ -86,4 +86,8 @@ void check_tensor(const TensorView& t, const char* name, Device device);
 // plan(), which read only out's shape (validate.cc).
 void check_outputs_apart(const DecodeParams& params);
 
+// Whether the byte extents of `a` and `b` intersect (tensors on different devices, undefined or
+// empty tensors intersect nothing); `extents` then describes both, for the message (validate.cc).
+bool tensors_overlap(const TensorView& a, const TensorView& b, std::string& extents);
+
 }  // namespace mla::detail

@@ -538,6 +538,14 @@ void check_apart(const NamedTensor& output, const NamedTensor& other) {
 
 }  // namespace
 
+bool tensors_overlap(const TensorView& a, const TensorView& b, std::string& extents) {
+  if (a.device != b.device) return false;
+  const ByteExtent ea = byte_extent(a), eb = byte_extent(b);
+  if (ea.empty() || eb.empty() || ea.end <= eb.begin || eb.end <= ea.begin) return false;
+  extents = "bytes " + extent_str(ea) + " and " + extent_str(eb);
+  return true;
+}
+
 void check_outputs_apart(const DecodeParams& prm) {
   const NamedTensor inputs[] = {{"query", &prm.query},
                                 {"kv_cache", &prm.kv_cache},

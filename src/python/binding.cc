@@ -3,9 +3,11 @@
 // and libtvm_ffi, never Python or a framework: tensors arrive as DLPack tensors, which tvm-ffi
 // converts from PyTorch, NumPy, CuPy or JAX.
 //
-// The four entry points take the same positional arguments (entry() below; the Python side builds
-// them in python/mla_decode/_api.py, _Call.ffi_args). mla::Error leaves as a Python TypeError (code
-// TypeError) or ValueError (every other code) carrying the same message.
+// merge_states (the merge of context-parallel partial states) has its own arguments
+// (merge_states_op). The four decode entry points take the same positional arguments (entry()
+// below; the Python side builds them in python/mla_decode/_api.py, _Call.ffi_args). mla::Error
+// leaves as a Python TypeError (code TypeError) or ValueError (every other code) carrying the same
+// message.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -186,6 +188,29 @@ auto entry(OptTensor query, OptTensor kv_cache, OptTensor block_tables, OptTenso
   }
 }
 
+// merge_states (include/mla/merge.h): out_parts [N, T, H, L], lse_parts [N, T, H], optional sinks
+// [H], out [T, H, L], optional lse [T, H]. *_dtype_code: see to_view (NumPy's bfloat16).
+void merge_states_op(OptTensor out_parts, OptTensor lse_parts, OptTensor sinks, OptTensor out,
+                     OptTensor lse, ffi::String backend, bool enable_pdl,
+                     ffi::Optional<int64_t> stream, int64_t out_parts_dtype_code,
+                     int64_t out_dtype_code) {
+  try {
+    MergeParams p;
+    p.out_parts = to_view(out_parts, "out_parts", out_parts_dtype_code);
+    p.lse_parts = to_view(lse_parts, "lse_parts");
+    p.sinks = to_view(sinks, "sinks");
+    p.out = to_view(out, "out", out_dtype_code);
+    p.lse = to_view(lse, "lse");
+    p.backend = parse_backend(std::string(backend));
+    p.enable_pdl = enable_pdl;
+    p.stream = launch_stream(p.out_parts.device, stream);
+    merge_states(p);
+  } catch (const Error& e) {
+    const char* kind = e.code() == ErrorCode::kTypeError ? "TypeError" : "ValueError";
+    throw ffi::Error(kind, e.what(), TVMFFIBacktrace(__FILE__, __LINE__, TVM_FFI_FUNC_SIG, 0));
+  }
+}
+
 // The stream a GPU backend would launch on for a call with this query and `stream` argument, as an
 // integer (0 for host tensors): lets tests check that the caller's stream arrives.
 int64_t launch_stream_of(ffi::TensorView query, ffi::Optional<int64_t> stream) {
@@ -221,5 +246,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(workspace_size, mla::python::entry<mla::python::wo
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan, mla::python::entry<mla::python::plan_op>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, mla::python::entry<mla::python::run_op>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode, mla::python::entry<mla::python::decode_op>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states, mla::python::merge_states_op);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_available, mla::python::backend_available);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch_stream, mla::python::launch_stream_of);

@@ -206,6 +206,52 @@ Output reference(const Input& in) {
   return result;
 }
 
+MergeOutput merge_reference(const MergeInput& in) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t rows = static_cast<int64_t>(in.tokens) * in.heads;
+  MergeOutput o;
+  o.out.assign(static_cast<size_t>(rows * in.width), 0.0);
+  o.out_abs.assign(o.out.size(), 0.0);
+  o.lse.assign(static_cast<size_t>(rows), -inf);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int h = static_cast<int>(row % in.heads);
+    double* out = &o.out[row * in.width];
+    double* out_abs = &o.out_abs[row * in.width];
+    bool any = false, bad = false;
+    for (int r = 0; r < in.parts; ++r) {
+      const double l = in.lse_parts[r * rows + row];
+      if (std::isnan(l) || l == inf) bad = true;
+      if (l != -inf) any = true;
+    }
+    if (bad) {
+      o.lse[row] = nan;
+      for (int c = 0; c < in.width; ++c) out[c] = out_abs[c] = nan;
+      continue;
+    }
+    if (!any) continue;  // no part saw a key: out 0, lse -inf
+    // lse = log(sum_r exp(lse_r)), shifted by the largest for range.
+    double m = -inf;
+    for (int r = 0; r < in.parts; ++r) m = std::max(m, in.lse_parts[r * rows + row]);
+    double sum = 0.0;
+    for (int r = 0; r < in.parts; ++r) sum += std::exp(in.lse_parts[r * rows + row] - m);
+    const double lse = m + std::log(sum);
+    const double sink_factor = in.has_sinks ? 1.0 / (1.0 + std::exp(in.sinks[h] - lse)) : 1.0;
+    for (int r = 0; r < in.parts; ++r) {
+      const double l = in.lse_parts[r * rows + row];
+      if (l == -inf) continue;
+      const double w = std::exp(l - lse) * sink_factor;
+      const double* part = &in.out_parts[(r * rows + row) * in.width];
+      for (int c = 0; c < in.width; ++c) {
+        out[c] += w * part[c];
+        out_abs[c] += w * std::fabs(part[c]);
+      }
+    }
+    o.lse[row] = lse;
+  }
+  return o;
+}
+
 void fp8_ds_mla_to_double(const uint8_t* row, double* key) {
   auto le = [row](int offset, int bytes) {
     uint32_t v = 0;

@@ -70,6 +70,32 @@ std::vector<int64_t> attended_slots(const Input& in, int b, int i);
 // docs/contract.md section 1 over the sets of section 2, in double, with a two-pass softmax.
 Output reference(const Input& in);
 
+// The merge of partial states (docs/contract.md section 7). Part r holds (out_r, lse_r) over a
+// disjoint key set of each (token, head) row.
+struct MergeInput {
+  int parts = 0;                  // N
+  int tokens = 0;                 // T
+  int heads = 0;                  // H
+  int width = 0;                  // L
+  std::vector<double> out_parts;  // [N, T, H, L]
+  std::vector<double> lse_parts;  // [N, T, H]; -inf: the part saw no key
+  bool has_sinks = false;
+  std::vector<double> sinks;  // [H]
+};
+
+struct MergeOutput {
+  std::vector<double> out;  // [T, H, L]
+  std::vector<double> lse;  // [T, H]
+  // [T, H, L] sum_r exp(lse_r - lse) |out_r| (times the sink factor): the size of the terms out
+  // sums, an error scale for its fp32 arithmetic.
+  std::vector<double> out_abs;
+};
+
+// lse = log(sum_r exp(lse_r)), out = sum_r exp(lse_r - lse) out_r, then with sinks out times
+// 1 / (1 + exp(sink_h - lse)). A part with lse_r = -inf takes no part; all parts -inf: out 0, lse
+// -inf; a NaN or +inf lse_r: the row is NaN.
+MergeOutput merge_reference(const MergeInput& in);
+
 // The fp8_ds_mla cache row of one token (docs/contract.md section 1; DeepSeek-V3.2's layout): 656
 // bytes = 512 float8_e4m3fn values, 4 little-endian fp32 scales (scale g multiplies values [128g,
 // 128g + 128)), 64 little-endian bf16 rope values.

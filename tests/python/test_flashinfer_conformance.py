@@ -490,11 +490,12 @@ def test_flashinfer_blackwell_backends_are_refused(rng, backend):
         fi_decode(*fi_args(case), backend=backend)
 
 
-def test_enable_dcp_is_not_implemented(rng):
+def test_enable_dcp_returns_a_local_state(rng):
+    # The full check of the DCP semantics is tests/python/test_context_parallel.py.
     case = make_case(rng, batch=1)
-    with pytest.raises(NotImplementedError, match="^enable_dcp=True: .*not implemented"):
-        fi_decode(*fi_args(case), return_lse=True, enable_dcp=True, cp_world=2, cp_rank=1,
-                  causal_seqlens_kv_global=case.seq_lens)
+    out, lse = fi_decode(*fi_args(case), return_lse=True, enable_dcp=True, cp_world=1, cp_rank=0,
+                         causal_seqlens_kv_global=case.seq_lens)
+    assert out.shape[-1] == case.kv_lora_rank and lse.shape == (case.query.shape[1], case.num_heads)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,156 @@
+"""Decode context parallelism benchmark: one layer (local decode, exchange, merge) on one GPU
+against two (torchrun), CUDA-graph replays, medians. Never asserts a time.
+
+    python bench/cp_bench.py --json one.json                        # one GPU: the whole sequence
+    torchrun --nproc_per_node=2 bench/cp_bench.py --json two.json --baseline one.json
+
+Grid: B 1 and 8, seq 262144 and 1048576, H 128 and 16 (q_len 1, bf16, L 512, R 64, page 64). On
+two GPUs each rank holds every other token. Reported per row: the layer's median time, the local
+decode's, the exchange + merge share of the layer, the merge kernel alone with its bandwidth
+(bytes read and written once over its time), and with --baseline the speedup over one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+import mla_decode
+from mla_decode import distributed
+
+L, R, PAGE = 512, 64, 64
+
+
+def median_ms(fn, iters, warmup=3):
+    """Median of `iters` replays of a CUDA graph of fn, timed with events, one replay each."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def run_case(batch, seq, heads, world, rank, layer, iters):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    local = -(-(seq - rank) // world)
+    pages = -(-local // PAGE)
+    kv = torch.randn(batch * pages, PAGE, L + R, device=dev, dtype=torch.bfloat16)
+    table = torch.arange(batch * pages, device=dev, dtype=torch.int32).view(batch, pages)
+    q = torch.randn(batch, 1, heads, L + R, device=dev, dtype=torch.bfloat16)
+    local_lens = torch.full((batch,), local, device=dev, dtype=torch.int32)
+    global_lens = torch.full((batch,), seq, device=dev, dtype=torch.int32)
+    scale = 1.0 / (L + R) ** 0.5
+    row = dict(B=batch, seq=seq, H=heads, gpus=world)
+    if layer is None:  # one GPU: the plain decode of the whole sequence
+        ws = mla_decode.make_workspace(q, kv, table, local_lens, kv_lora_rank=L)
+        out = torch.empty(batch, 1, heads, L, device=dev, dtype=torch.bfloat16)
+        fn = lambda: mla_decode.batch_decode(q, kv, table, local_lens, workspace=ws, out=out,  # noqa
+                                             kv_lora_rank=L, bmm1_scale=scale, enable_pdl=True)
+        row["layer_ms"] = row["local_ms"] = median_ms(fn, iters)
+        row["exchange_share"] = 0.0
+        del kv
+        return row
+    kw = dict(kv_lora_rank=L, bmm1_scale=scale)
+    out = torch.empty(batch, 1, heads if layer.method == "all_gather" else heads // world, L,
+                      device=dev, dtype=torch.bfloat16)
+    layer(q, kv, table, local_lens, global_lens, out=out, **kw)  # allocates the buffers
+    state = layer.local(q, kv, table, local_lens, global_lens, **kw)
+    row["layer_ms"] = median_ms(
+        lambda: layer(q, kv, table, local_lens, global_lens, out=out, **kw), iters)
+    row["local_ms"] = median_ms(
+        lambda: layer.local(q, kv, table, local_lens, global_lens, **kw), iters)
+    row["exchange_share"] = max(0.0, 1.0 - row["local_ms"] / row["layer_ms"])
+    # The merge kernel alone over the exchanged parts.
+    layer.exchange(state)
+    row["merge_ms"] = median_ms(lambda: layer.merge(state, out=out), iters)
+    parts = state["parts"] if layer.method == "all_gather" else state["recv_out"]
+    n, t, h, width = parts.shape
+    moved = n * t * h * width * 2 + t * h * width * 2 + n * t * h * 4
+    row["merge_tb_s"] = moved / (row["merge_ms"] * 1e-3) / 1e12
+    del kv
+    return row
+
+
+def copy_bandwidth_tb_s(iters):
+    """The device's copy bandwidth: a 1 GiB device-to-device copy (read + write bytes / time)."""
+    a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a), iters)
+    return 2 * a.numel() * 2 / (ms * 1e-3) / 1e12
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--baseline", help="the one-GPU JSON, for the speedup column")
+    parser.add_argument("--method", choices=distributed.METHODS, default="all_gather")
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="B 1 and seq 262144 only")
+    args = parser.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    layer = None
+    if world > 1:
+        torch.distributed.init_process_group(
+            "nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+        layer = distributed.ContextParallelDecode(method=args.method)
+    rows = []
+    for batch in (1,) if args.quick else (1, 8):
+        for seq in (262144,) if args.quick else (262144, 1048576):
+            for heads in (128, 16):
+                row = run_case(batch, seq, heads, world, rank, layer, args.iters)
+                row["method"] = args.method if layer else "single"
+                rows.append(row)
+                torch.cuda.empty_cache()
+    copy_bw = copy_bandwidth_tb_s(args.iters)
+    if rank != 0:
+        torch.distributed.destroy_process_group()
+        return
+    base = {}
+    if args.baseline and os.path.exists(args.baseline):
+        with open(args.baseline) as f:
+            base = {(r["B"], r["seq"], r["H"]): r["layer_ms"] for r in json.load(f)["rows"]}
+    print(f"device copy bandwidth: {copy_bw:.2f} TB/s ({torch.cuda.get_device_name()})")
+    print("| B | seq | H | GPUs | layer us | local decode us | exchange+merge share | "
+          "1 GPU us | speedup | merge us | merge TB/s (% of copy) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        one = base.get((r["B"], r["seq"], r["H"]))
+        r["speedup"] = one / r["layer_ms"] if one else None
+        merge = (f"{r['merge_ms'] * 1e3:.1f} | {r['merge_tb_s']:.2f} "
+                 f"({100 * r['merge_tb_s'] / copy_bw:.0f}%)") if "merge_ms" in r else "- | -"
+        print(f"| {r['B']} | {r['seq']} | {r['H']} | {r['gpus']} | {r['layer_ms'] * 1e3:.1f} | "
+              f"{r['local_ms'] * 1e3:.1f} | {100 * r['exchange_share']:.1f}% | "
+              f"{one * 1e3 if one else float('nan'):.1f} | "
+              f"{r['speedup'] if r['speedup'] else float('nan'):.2f}x | {merge} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_tb_s": copy_bw, "rows": rows}, f, indent=1)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
