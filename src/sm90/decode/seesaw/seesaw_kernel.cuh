@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
-    tma::regs_dealloc<Traits::kProducerRegs>();
+    tma::regs_dealloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kProducer>();
     if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
       const bool issuer = threadIdx.x < issuers;
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<Traits::kConsumerRegs>();
+  tma::regs_alloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kConsumer>();
   const int cw = wg - 1;                    // consumer index: its block parity and O half
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup

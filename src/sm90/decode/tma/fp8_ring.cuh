@@ -43,8 +43,8 @@ inline constexpr uint32_t kLandingOffset = Traits::kKeys* Traits::kD;  // 2-byte
 template <typename Traits>
 inline constexpr uint32_t kFp8ChunkBytes = Traits::kKeys* Traits::kChunkCols;
 
-// The barriers of the fp8 ring: `full` (what the consumers wait for) completes once the three
-// widening warps have arrived; `landed` (one arrival per issuer, with its transaction bytes) once
+// The barriers of the fp8 ring: `full` (what the consumers wait for) completes once the warp that
+// widens the chunk has arrived; `landed` (one arrival per issuer, with its transaction bytes) once
 // the chunk's e4m3 boxes are in. Empty barriers as in init_ring_barriers.
 template <typename Traits>
 __device__ __forceinline__ void init_fp8_ring_barriers(typename Traits::SharedMemoryPlan& smem,
@@ -52,7 +52,7 @@ __device__ __forceinline__ void init_fp8_ring_barriers(typename Traits::SharedMe
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], kWidenWarps);
+        mbar_init(&smem.full[s][c], 1);  // the one warp that widens it
         mbar_init(&smem.landed[s][c], issuers);
       }
       mbar_init(&smem.empty_l[s], 128 / 32);
@@ -105,63 +105,72 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
   }
 }
 
-// Widens the run's blocks as they land: thread `tid` (0 .. kWidenThreads - 1 over warps 1..3 of
-// the producer warpgroup) takes 16-byte pieces tid, tid + 96 and tid + 192 of each chunk (piece e:
-// key e / 4, columns 16 (e % 4) ..), writes the 32 bytes they widen to into the chunk's
-// 128-byte-swizzled 16-bit rows, and each warp arrives on the chunk's full barrier once its stores
-// are fenced for the async proxy. Pieces of keys past the extent widen whatever the stage holds:
-// the consumers mask those keys and zero their V rows, as for 16-bit caches.
+// Widens the run's blocks as they land, in three rounds per block: in round r, widening warp w
+// (0..2, warps 1..3 of the producer warpgroup; `tid` 0 .. kWidenThreads - 1) takes chunk 3r + w
+// whole: lane l reads 16-byte pieces l + 32 j (j < 8; piece e: key e / 4, columns 16 (e % 4) ..),
+// all eight in flight, and writes the 32 bytes each widens to into the chunk's 128-byte-swizzled
+// 16-bit rows; the warp then arrives on the chunk's full barrier once its stores are fenced for
+// the async proxy. Pieces of keys past the extent widen whatever the stage holds: the consumers
+// mask those keys and zero their V rows, as for 16-bit caches.
+// NOTE: whole chunks per warp (eight loads in flight per lane, one fence and one arrive per chunk
+// and warp, a barrier per round) replaced three warps splitting every chunk, whose loads' latency
+// and nine fences per block were most of the widening time (docs/perf-notes.md).
 template <typename Traits>
 __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
                                                  typename Traits::SharedMemoryPlan& smem, int tid,
                                                  uint32_t used0, uint32_t used1, uint32_t barrier) {
   using T16 =
       std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
-  constexpr int kPieces = kFp8ChunkBytes<Traits> / 16;                       // 256 per chunk
-  constexpr int kPerThread = (kPieces + kWidenThreads - 1) / kWidenThreads;  // 3
-  static_assert(kWidenThreads % 32 == 0, "pieces tid + 96 j share tid's column and swizzle");
-  constexpr uint32_t kKeyStep = kWidenThreads / 4 * 128;  // bytes between a thread's rows
-  // The thread's pieces sit in the same columns of rows tid / 4 + 24 j, whose swizzle phase
-  // (row % 8) is the same: one pair of destination offsets per thread.
-  const int key0 = tid >> 2, unit = 2 * (tid & 3);
-  const uint32_t dst_lo = key0 * 128 + ((unit ^ (key0 & 7)) << 4);
-  const uint32_t dst_hi = key0 * 128 + (((unit + 1) ^ (key0 & 7)) << 4);
-  const bool has_last = tid + (kPerThread - 1) * kWidenThreads < kPieces;
+  constexpr int kPieces = kFp8ChunkBytes<Traits> / 16;  // 256 per chunk
+  constexpr int kPerLane = kPieces / 32;                // 8
+  constexpr int kRounds = Traits::kChunks / kWidenWarps;
+  static_assert(Traits::kChunks % kWidenWarps == 0, "every round widens one chunk per warp");
+  static_assert(Traits::kKeys * 128 / kPerLane == 1024, "rows 8 j apart: 1 KB per piece step");
+  const int warp = tid >> 5, lane = tid & 31;
+  // A lane's pieces sit in the same columns of rows lane / 4 + 8 j, whose swizzle phase
+  // (row % 8 = lane / 4) is the same: one pair of destination offsets per lane.
+  const int key0 = lane >> 2, unit = 2 * (lane & 3);
+  const uint32_t dst_lo = key0 * 128 + ((unit ^ key0) << 4);
+  const uint32_t dst_hi = key0 * 128 + (((unit + 1) ^ key0) << 4);
 #pragma unroll 1
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
     const int stage = it & 1;
     const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
     uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
-    const uint8_t* src = bytes + kLandingOffset<Traits> + tid * 16;
 #pragma unroll 1
-    for (int c = 0; c < Traits::kChunks; ++c) {
+    for (int r = 0; r < kRounds; ++r) {
+      const int c = r * kWidenWarps + warp;
       mbar_wait(&smem.landed[stage][c], phase);
-      uint4 v[kPerThread];
+      const uint8_t* src = bytes + kLandingOffset<Traits> + c * kFp8ChunkBytes<Traits> + lane * 16;
+      uint4 v[kPerLane];
 #pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        if (j < kPerThread - 1 || has_last) {
-          v[j] = *reinterpret_cast<const uint4*>(src + j * kWidenThreads * 16);
-        }
-      }
-      // NOTE: chunks 4.. overwrite e4m3 chunks (2c - 9, 2c - 8) that every widening thread has
-      // read before this barrier; chunk 8 overwrites itself.
-      if (c >= 4) named_barrier_sync(barrier, kWidenThreads);
+      for (int j = 0; j < kPerLane; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * 512);
+      // NOTE: chunk c (>= 4) overwrites e4m3 chunks 2c - 9 and 2c - 8: chunks of earlier rounds
+      // or of this one (chunk 8 itself), all read by every warp before this barrier.
+      if (r > 0) named_barrier_sync(barrier, kWidenThreads);
       uint8_t* dst = bytes + c * Traits::kKeys * 128;
 #pragma unroll
-      for (int j = 0; j < kPerThread; ++j) {
-        if (j < kPerThread - 1 || has_last) {
-          uint4 lo, hi;
-          widen_e4m3x16<T16>(v[j], lo, hi);
-          *reinterpret_cast<uint4*>(dst + dst_lo + j * kKeyStep) = lo;
-          *reinterpret_cast<uint4*>(dst + dst_hi + j * kKeyStep) = hi;
-        }
+      for (int j = 0; j < kPerLane; ++j) {
+        uint4 lo, hi;
+        widen_e4m3x16<T16>(v[j], lo, hi);
+        *reinterpret_cast<uint4*>(dst + dst_lo + j * 1024) = lo;
+        *reinterpret_cast<uint4*>(dst + dst_hi + j * 1024) = hi;
       }
-      src += kFp8ChunkBytes<Traits>;
       fence_proxy_async_smem();
       __syncwarp();
       if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
     }
   }
 }
+
+// The register split of the TMA kernels' warpgroups with an fp8 cache: a widening lane holds
+// eight pieces in flight, which 40 registers do not hold; the consumers keep 224, which their code
+// fits without spills.
+template <typename Traits, bool kFp8Cache>
+struct RegisterSplit {
+  static constexpr uint32_t kProducer = kFp8Cache ? 56 : Traits::kProducerRegs;
+  static constexpr uint32_t kConsumer = kFp8Cache ? 224 : Traits::kConsumerRegs;
+  static_assert(kProducer * 128 + kConsumer * 256 <= 65536, "register file");
+};
 
 }  // namespace mla::sm90::tma
