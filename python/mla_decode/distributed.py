@@ -51,7 +51,9 @@ def local_shard_args(
     With W = cp_world, r = cp_rank, G = causal_seqlens_kv_global and S = seq_lens (local), query
     token i of n sits at global position p_i = G - n + i and sees the local keys k with
     ``k * W + r <= p_i`` and ``k < S``: ``c_i = min(S, max(0, floor((p_i - r + W) / W)))`` of them.
-    The local call then gets ``seq_lens = c_{n-1}`` (the newest token sees the most) and, for n > 1,
+    The local call then gets ``seq_lens = c_{n-1}`` (the newest token sees the most; for n = 1 that
+    is S itself, when S is the shard's count of keys below G, and ``seq_lens`` passes through) and,
+    for n > 1,
     a mask whose bit k of token i's row is set where key ``c_{n-1} - n + k`` is below c_i: the keys
     before the window are seen by every token, since ``c_{n-1} - c_0 <= n - 1``. For n = 1 no mask
     is needed. Computed on the tensors' device (PyTorch or NumPy), without a host sync.
@@ -60,6 +62,18 @@ def local_shard_args(
     """
     fw = _arrays.framework(seq_lens)
     n, w, r = int(q_len), int(cp_world), int(cp_rank)
+    if n == 1:
+        # NOTE: one query token at global position G - 1 sees every key of a shard that holds
+        # the local count of keys below G (c_0 = S): seq_lens as given, no work on the device
+        # (seven small kernels were a sixth of a 256K-token layer on two GPUs).
+        if fw == "torch":
+            import torch
+
+            return seq_lens.to(torch.int32), None  # no copy where it is int32 already
+        if fw == "numpy":
+            import numpy as np
+
+            return np.asarray(seq_lens).astype(np.int32, copy=False), None
     if fw == "torch":
         import torch
 
@@ -213,10 +227,18 @@ class ContextParallelDecode:
             torch.bfloat16)
         t = b * q_len
         dev = query.device
+        # The ranks' partial states in one gather buffer, row r = rank r's out then its lse, so
+        # that one all-gather moves both (all_gather: this rank's row is written in place).
+        # NOTE: two NCCL calls cost ~6 us more per layer than one at these sizes.
+        out_bytes = t * h * kv_lora_rank * torch.finfo(out_dtype).bits // 8
+        row_bytes = out_bytes + (t * h * 4 + 15) // 16 * 16
+        gather = torch.empty((n, row_bytes), dtype=torch.uint8, device=dev)
         state = {
-            # The rank's partial state (all_gather: row `rank` of the gather buffers, in place).
-            "parts": torch.empty((n, t, h, kv_lora_rank), dtype=out_dtype, device=dev),
-            "lse_parts": torch.empty((n, t, h), dtype=torch.float32, device=dev),
+            "gather": gather,
+            "parts": gather[:, :out_bytes].view(out_dtype).view(n, t, h, kv_lora_rank),
+            "lse_parts": (
+                gather[:, out_bytes:out_bytes + t * h * 4].view(torch.float32).view(n, t, h)
+            ),
             "workspace": make_workspace(
                 query, kv_cache, block_tables, seq_lens, kv_lora_rank=kv_lora_rank,
                 mask=None if q_len == 1 else torch.zeros(
@@ -231,6 +253,9 @@ class ContextParallelDecode:
             state["local_lse"] = torch.empty((t, h), dtype=torch.float32, device=dev)
             state["send_out"] = torch.empty((n, t, hn, kv_lora_rank), dtype=out_dtype, device=dev)
             state["send_lse"] = torch.empty((n, t, hn), dtype=torch.float32, device=dev)
+            state["recv_out_buf"] = torch.empty((n, t, hn, kv_lora_rank), dtype=out_dtype,
+                                                device=dev)
+            state["recv_lse_buf"] = torch.empty((n, t, hn), dtype=torch.float32, device=dev)
         self._buffers[key] = state
         return state
 
@@ -261,18 +286,17 @@ class ContextParallelDecode:
 
         n = self.cp_world
         if self.method == "all_gather":
-            parts, lse_parts = state["parts"], state["lse_parts"]
-            # NOTE: in place: this rank's part is already its row of the gather buffer.
-            dist.all_gather_into_tensor(parts, parts[self.cp_rank], group=self.group)
-            dist.all_gather_into_tensor(lse_parts, lse_parts[self.cp_rank], group=self.group)
+            gather = state["gather"]
+            # NOTE: in place: this rank's out and lse are already its row of the gather buffer.
+            dist.all_gather_into_tensor(gather, gather[self.cp_rank], group=self.group)
             return
         t, h, width = state["local_out"].shape
         hn = h // n
         state["send_out"].copy_(state["local_out"].view(t, n, hn, width).transpose(0, 1))
         state["send_lse"].copy_(state["local_lse"].view(t, n, hn).transpose(0, 1))
         # The received parts, [N, T, H / N, L]: the front of the (larger) gather buffers.
-        recv_out = state["parts"].view(-1)[: n * t * hn * width].view(n, t, hn, width)
-        recv_lse = state["lse_parts"].view(-1)[: n * t * hn].view(n, t, hn)
+        recv_out = state["recv_out_buf"]
+        recv_lse = state["recv_lse_buf"]
         dist.all_to_all_single(recv_out, state["send_out"], group=self.group)
         dist.all_to_all_single(recv_lse, state["send_lse"], group=self.group)
         state["recv_out"], state["recv_lse"] = recv_out, recv_lse

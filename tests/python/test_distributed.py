@@ -93,13 +93,15 @@ def test_matches_single_gpu(group, method, kv_dtype, with_sinks, batch, q_len, h
     torch.cuda.synchronize()
     if method == "all_to_all":
         hn = heads // world
-        want, want_lse = want[:, :, rank * hn:(rank + 1) * hn], want_lse[:, :, rank * hn:(rank + 1) * hn]
+        heads_of_rank = slice(rank * hn, (rank + 1) * hn)
+        want, want_lse = want[:, :, heads_of_rank], want_lse[:, :, heads_of_rank]
     got64, want64 = got.double(), want.double()
     assert not torch.isnan(got64).any()
-    # docs/context-parallel.md: 3 roundings of half an ulp (2^-9, bfloat16) of the values and
-    # terms involved, plus fp32 noise; bounded here by the row's largest |value|.
+    # docs/context-parallel.md: roundings of half an ulp (at most 2^-8 of the value, bfloat16) of
+    # the values and terms involved, plus fp32 noise; the terms bounded by the row's largest
+    # |value| (the ranks' P is rounded to 16 bits too, which the row term covers).
     row_max = want64.abs().amax(-1, keepdim=True)
-    allowed = 2.0**-9 * (want64.abs() + got64.abs() + 2 * row_max) + 2.0**-16 * row_max + 1e-30
+    allowed = 2.0**-8 * (want64.abs() + got64.abs() + 2 * row_max) + 2.0**-16 * row_max + 1e-30
     assert ((got64 - want64).abs() <= allowed).all()
     empty = torch.isneginf(want_lse)
     assert torch.equal(torch.isneginf(lse), empty)
