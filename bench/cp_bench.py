@@ -7,7 +7,8 @@ against two (torchrun), CUDA-graph replays, medians. Never asserts a time.
 Grid: B 1 and 8, seq 262144 and 1048576, H 128 and 16 (q_len 1, bf16, L 512, R 64, page 64). On
 two GPUs each rank holds every other token. Reported per row: the layer's median time, the local
 decode's, the exchange + merge share of the layer, the merge kernel alone with its bandwidth
-(bytes read and written once over its time), and with --baseline the speedup over one GPU.
+(bytes read and written once over its time), and with --baseline the speedup over one GPU. On one
+GPU the merge is also timed at 2 parts of [1024, 128, 512] bf16, where its bytes set its time.
 """
 
 from __future__ import annotations
@@ -91,6 +92,18 @@ def run_case(batch, seq, heads, world, rank, layer, iters):
     return row
 
 
+def merge_alone(iters, n=2, t=1024, h=128):
+    """The merge kernel on one GPU at a size where its bytes, not the launch, set the time: n parts
+    of [t, h, 512] bf16 and their lse. Returns (us, TB/s of bytes read and written once)."""
+    parts = torch.randn(n, t, h, L, device="cuda", dtype=torch.bfloat16)
+    lses = torch.randn(n, t, h, device="cuda", dtype=torch.float32)
+    out = torch.empty(t, h, L, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(t, h, device="cuda", dtype=torch.float32)
+    ms = median_ms(lambda: mla_decode.merge_states(parts, lses, out=out, lse=lse), iters)
+    moved = parts.numel() * 2 + lses.numel() * 4 + out.numel() * 2 + lse.numel() * 4
+    return ms * 1e3, moved / (ms * 1e-3) / 1e12
+
+
 def copy_bandwidth_tb_s(iters):
     """The device's copy bandwidth: a 1 GiB device-to-device copy (read + write bytes / time)."""
     a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
@@ -125,6 +138,7 @@ def main():
                 rows.append(row)
                 torch.cuda.empty_cache()
     copy_bw = copy_bandwidth_tb_s(args.iters)
+    merge = merge_alone(args.iters) if world == 1 else None
     if rank != 0:
         torch.distributed.destroy_process_group()
         return
@@ -133,6 +147,9 @@ def main():
         with open(args.baseline) as f:
             base = {(r["B"], r["seq"], r["H"]): r["layer_ms"] for r in json.load(f)["rows"]}
     print(f"device copy bandwidth: {copy_bw:.2f} TB/s ({torch.cuda.get_device_name()})")
+    if merge is not None:
+        print(f"merge alone (2 parts of [1024, 128, 512] bf16): {merge[0]:.1f} us, "
+              f"{merge[1]:.2f} TB/s = {100 * merge[1] / copy_bw:.0f}% of copy")
     print("| B | seq | H | GPUs | layer us | local decode us | exchange+merge share | "
           "1 GPU us | speedup | merge us | merge TB/s (% of copy) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -147,7 +164,9 @@ def main():
               f"{r['speedup'] if r['speedup'] else float('nan'):.2f}x | {merge} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_tb_s": copy_bw, "rows": rows}, f, indent=1)
+            json.dump({"copy_tb_s": copy_bw, "rows": rows,
+                       "merge_alone": None if merge is None else {"us": merge[0],
+                                                                  "tb_s": merge[1]}}, f, indent=1)
     if world > 1:
         torch.distributed.destroy_process_group()
 
