@@ -15,7 +15,8 @@ namespace mla {
 /// For each token t and head h, with lse_r = lse_parts[r, t, h] and M = max_r lse_r:
 ///   lse = M + log(sum_r exp(lse_r - M))
 ///   out = sum_r exp(lse_r - lse) * out_parts[r, t, h, :]
-/// A part with lse_r = -inf (no key on that rank) contributes nothing and its out is not read; a
+/// A part with lse_r = -inf (no key on that rank) contributes nothing: its out values are not
+/// used (they may hold anything, NaN included; the sm90 kernel loads them before it knows). A
 /// row whose parts are all -inf gets out = 0, lse = -inf. A NaN (or +inf) lse_r turns the row's out
 /// and lse NaN; a NaN in a read out_parts element turns that out element NaN. With sinks, out is
 /// then multiplied by 1 / (1 + exp(sink_h - lse)) (the sink applied once, after the merge); lse

@@ -21,7 +21,10 @@
 namespace mla::sm90::merge {
 
 inline constexpr int kMergeThreads = 256;
-inline constexpr int kBatch = 4;  // parts whose vectors are in flight at once
+// NOTE: two parts in flight and at most 64 registers (four CTAs of 256 threads per SM): at 2 parts
+// of [1024, 128, 512] bf16 on an H200 the merge ran at 43% of copy bandwidth with four parts in
+// flight at 80 registers (three CTAs), 55% so (docs/perf-notes.md).
+inline constexpr int kBatch = 2;  // parts whose vectors are in flight at once
 
 // kVec 16-bit values of one row: one 16-byte vector (kVec 8) or one value.
 template <int kVec>
@@ -100,7 +103,7 @@ __device__ __forceinline__ float merge_sink(const MergeKernelParams& p, int h) {
 }
 
 template <Elem Out, int kVec>
-__global__ void __launch_bounds__(kMergeThreads)
+__global__ void __launch_bounds__(kMergeThreads, 4)
     merge_kernel(const __grid_constant__ MergeKernelParams p) {
   // ---- prologue: indices only ----
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x;
@@ -117,6 +120,13 @@ __global__ void __launch_bounds__(kMergeThreads)
   pdl_launch_dependents();
   if (!active) return;
 
+  // NOTE: the first kBatch parts' vectors are loaded before anything waits on the lse reads, so
+  // that the two latencies overlap; an empty part's (w = 0) vector is read but never used.
+  Packet<kVec> first[kBatch] = {};
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    if (j < p.num_parts) first[j] = load_packet<kVec>(part_row + j * p.part_stride);
+  }
   // ---- M over the parts (NaN wins) ----
   float m = kNegInf;
   for (int r = 0; r < p.num_parts; ++r) m = fmax_nan(m, lse_row[r * p.lse_part_stride]);
@@ -135,12 +145,16 @@ __global__ void __launch_bounds__(kMergeThreads)
       float w[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
+        if (r0 == 0) {
+          a[j] = first[j];
+        } else if (r0 + j < p.num_parts) {
+          a[j] = load_packet<kVec>(part_row + (r0 + j) * p.part_stride);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
         const int r = r0 + j;
         w[j] = r < p.num_parts ? expf(lse_row[r * p.lse_part_stride] - m) : 0.0f;
-        // NOTE: an empty part (w = 0) holds nothing to read: its out is never loaded.
-        if (w[j] != 0.0f) {
-          a[j] = load_packet<kVec>(part_row + r * p.part_stride);
-        }
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
