@@ -366,6 +366,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     if (warp == 0 && lane < 4) smem.final_max[cw][my_col(s)] = col_max[s];
   }
   // Both consumers are done with every stage (each loaded block was waited for and consumed).
+  // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum stores
+  // above before every read below; the CTA handles one (request, split), so nothing writes them
+  // again. compute-sanitizer's racecheck does not credit partial-count named barriers and reports
+  // this pair as RAW hazards (docs/sm90-few-rows.md, Sanitizers).
   named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   // Row c's max over both consumers (natural log units) and its sum at that max.
   auto row_total = [&](int c, float& m_nat, float& l) {

@@ -643,6 +643,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
       if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
     }
+    // NOTE: consumer 1's sums reach consumer 0 through smem.row_sum: this barrier (both consumer
+    // warpgroups) orders the stores before consumer 0's reads below, and the next barrier orders
+    // those reads before the next segment's stores. racecheck does not credit partial-count named
+    // barriers and reports the pair (docs/sm90-seesaw.md, Resources).
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
     // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
