@@ -357,6 +357,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }
 
   // ---- store_partials: merge the two consumers' (max, sum, O^T) through the two stages ----
+  // A non-finite O value comes from a non-finite attended key or value (an inf value whose score
+  // came out -inf leaves NaN in its column only; an inf value with P > 0 an inf): its row turns
+  // NaN, out and lse (contract section 1), through its sum. Once per CTA.
+  CUTE_UNROLL
+  for (int v = 0; v < size(tOrO); ++v) {
+    if (!isfinite(tOrO(v))) col_sum[col_slot(v % (kRows / 2))] = __int_as_float(0x7fffffff);
+  }
 #pragma unroll
   for (int s = 0; s < kCols; ++s) {
     col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 4);
