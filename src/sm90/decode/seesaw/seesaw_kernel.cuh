@@ -142,41 +142,27 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       const bool issuer = threadIdx.x < issuers;
       if (threadIdx.x >= 32 || issuer) {
         if (issuer) tma::prefetch_tensor_map(&kv_map);
-        uint32_t used0 = 0, used1 = 0;
-        Cursor cursor;
-        cursor.begin(p);
-        tma::TileWork w;
-        int64_t partial_row0;
-        while (cursor.next(p, w, partial_row0)) {
-          if (w.block_begin >= w.block_end) continue;
-          if (issuer) {
-            tma::issue_fp8_chunks<Traits, kDirect>(p, w, &kv_map, smem, threadIdx.x, used0, used1);
-          } else {
-            tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, used0, used1,
-                                          barrier_id(NamedBarrier::kWiden));
-          }
-          const uint32_t n = w.block_end - w.block_begin;
-          used0 += (n + 1) / 2;
-          used1 += n / 2;
-        }
+        uint32_t used0, used1;
+        tma::walk_segments<Cursor>(
+            p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+              if (issuer) {
+                tma::issue_fp8_chunks<Traits, kDirect>(p, w, &kv_map, smem, threadIdx.x, u0, u1);
+              } else {
+                tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, u0, u1,
+                                              barrier_id(NamedBarrier::kWiden));
+              }
+            });
       }
       return;
     }
     const int piece = threadIdx.x / 32;
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
-      uint32_t used0 = 0, used1 = 0;  // blocks each stage has held (its barriers' phase)
-      Cursor cursor;
-      cursor.begin(p);
-      tma::TileWork w;
-      int64_t partial_row0;
-      while (cursor.next(p, w, partial_row0)) {
-        if (w.block_begin >= w.block_end) continue;
-        tma::produce_chunks<Traits, kDirect, kPair>(p, w, &kv_map, smem, piece, used0, used1, rank);
-        const uint32_t n = w.block_end - w.block_begin;
-        used0 += (n + 1) / 2;
-        used1 += n / 2;
-      }
+      uint32_t used0, used1;  // blocks each stage has held (its barriers' phase)
+      tma::walk_segments<Cursor>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::produce_chunks<Traits, kDirect, kPair>(p, w, &kv_map, smem, piece, u0, u1, rank);
+          });
       if constexpr (kPair) tma::drain_pair_ring<Traits>(smem, used0, used1);
     }
     return;

@@ -163,6 +163,26 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   }
 }
 
+// The producer side's walk over the CTA's segments, in the consumers' order: `run(w, used0,
+// used1)` for each segment with blocks, where used0 and used1 count the blocks stages 0 and 1
+// held before it (the phase of their barriers); returns those counts after the last segment.
+template <typename Cursor, typename Run>
+__device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint32_t& used0,
+                                              uint32_t& used1, Run run) {
+  used0 = used1 = 0;
+  Cursor cursor;
+  cursor.begin(p);
+  TileWork w;
+  int64_t partial_row0;
+  while (cursor.next(p, w, partial_row0)) {
+    if (w.block_begin >= w.block_end) continue;
+    run(w, used0, used1);
+    const uint32_t n = w.block_end - w.block_begin;
+    used0 += (n + 1) / 2;
+    used1 += n / 2;
+  }
+}
+
 // kPair: the producer's last wait. A CTA of a pair exits only once both CTAs' consumers have
 // released every block its ring held (`used0`, `used1`: all of them): the other CTA's consumers
 // arrive on its empty barriers until then.
