@@ -19,6 +19,7 @@
 
 #include "common/decode_case.h"
 #include "common/fp8_ds_mla.h"
+#include "common/hopper.h"
 #include "common/test_util.h"
 #include "host/backends.h"
 #include "mla/mla.h"
@@ -33,20 +34,7 @@ using mla::detail::sm90::Route;
 
 const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4M3;
 
-bool has_hopper() {
-  static const bool present = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      return false;
-    }
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-    return major == 9 && minor == 0;
-  }();
-  return present;
-}
+using mla_test::has_hopper;
 
 // The out allowance for values rounded to 16 bits (mla_test::OutTolerance::p_rel): the wgmma
 // kernels round P to the type of their GEMMs for the P V product (the kv_cache type; bf16 for a
@@ -61,11 +49,6 @@ double sm90_p_rel(const Built& b) {
   return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
 void check_sm90(const Built& b) { check_against_oracle(b, sm90_p_rel(b)); }
-
-#define SKIP_WITHOUT_HOPPER()                                                      \
-  do {                                                                             \
-    if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"; \
-  } while (0)
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
 

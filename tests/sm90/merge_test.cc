@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hopper.h"
 #include "common/merge_case.h"
 #include "mla/mla.h"
 
@@ -18,25 +19,7 @@ namespace {
 using namespace mla_test::merge_case;
 namespace dt = mla::dtype;
 
-bool has_hopper() {
-  static const bool present = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      return false;
-    }
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-    return major == 9 && minor == 0;
-  }();
-  return present;
-}
-
-#define SKIP_WITHOUT_HOPPER()                                                      \
-  do {                                                                             \
-    if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"; \
-  } while (0)
+using mla_test::has_hopper;
 
 void cuda_check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/hopper.h"
 #include "oracle/oracle.h"
 #include "sm90/decode/tma/widen.cuh"
 
@@ -26,17 +27,6 @@ __global__ void widen_pieces(const uint4* in, uint4* out, int n) {
   mla::sm90::tma::widen_e4m3x16<T>(in[i], lo, hi);
   out[2 * i] = lo;
   out[2 * i + 1] = hi;
-}
-
-bool has_hopper() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  return major == 9;
 }
 
 double half_bits_to_double(uint16_t bits) {
@@ -89,12 +79,12 @@ void check_all_bytes(double (*decode16)(uint16_t)) {
 }
 
 TEST(Sm90Widen, E4m3ToFp16AllBytes) {
-  if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.x";
+  SKIP_WITHOUT_HOPPER();
   check_all_bytes<__half>(&half_bits_to_double);
 }
 
 TEST(Sm90Widen, E4m3ToBf16AllBytes) {
-  if (!has_hopper()) GTEST_SKIP() << "no CUDA device of compute capability 9.x";
+  SKIP_WITHOUT_HOPPER();
   check_all_bytes<__nv_bfloat16>(&bf16_bits_to_double);
 }
 
