@@ -53,10 +53,9 @@ def local_shard_args(
     ``k * W + r <= p_i`` and ``k < S``: ``c_i = min(S, max(0, floor((p_i - r + W) / W)))`` of them.
     The local call then gets ``seq_lens = c_{n-1}`` (the newest token sees the most; for n = 1 that
     is S itself, when S is the shard's count of keys below G, and ``seq_lens`` passes through) and,
-    for n > 1,
-    a mask whose bit k of token i's row is set where key ``c_{n-1} - n + k`` is below c_i: the keys
-    before the window are seen by every token, since ``c_{n-1} - c_0 <= n - 1``. For n = 1 no mask
-    is needed. Computed on the tensors' device (PyTorch or NumPy), without a host sync.
+    for n > 1, a mask whose bit k of token i's row is set where key ``c_{n-1} - n + k`` is below
+    c_i: the keys before the window are seen by every token, since ``c_{n-1} - c_0 <= n - 1``. For
+    n = 1 no mask is needed. Computed on the tensors' device (PyTorch or NumPy), without a host sync.
 
     Returns ``(local_seq_lens [B] int32, mask [B, n, ceil(n / 32)] uint32 or None)``.
     """
