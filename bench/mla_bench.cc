@@ -1,5 +1,6 @@
-// mla-bench: runs one DeepSeek-V3-shaped MLA decode step on the best available backend, checks a
-// sample of it, and reports time, TFLOP/s and TB/s. Never asserts timing.
+// mla-bench: runs one DeepSeek-V3-shaped MLA decode step (dense, or DeepSeek-V3.2's sparse top-k
+// with a plain or fp8_ds_mla cache) on the best available backend, checks a sample of it, and
+// reports time, TFLOP/s and TB/s. Never asserts timing.
 //
 // Exit status: 0 done (the check passed); 1 the check found a mismatch, or the runtime failed (a
 // CUDA error, out of memory); 2 a usage error: a bad flag or value, or a combination of flags that
@@ -63,6 +64,11 @@ struct Config {
   bool ceilings = false;   // measure device copy bandwidth and bf16 matmul rate first
   bool pdl = false;        // enable_pdl: programmatic dependent launch between the kernels
   bool allow_cpu = false;  // let a suite run on the cpu backend
+  std::string kv_format = "plain";  // plain (the cache in --dtype's type) or fp8_ds_mla
+  int64_t top_k = 0;                // --sparse-top-k: > 0 selects sparse mode
+  int64_t topk_len_mean = 0;        // > 0: per-request sparse_topk_lens with this mean
+  bool dtype_given = false;         // --dtype was given (the sparse suite's rows set their own)
+  bool kv_format_given = false;     // --kv-format was given (likewise)
 };
 
 constexpr uint64_t kInt32Max = 2147483647;
@@ -82,6 +88,17 @@ void usage() {
       "  --page-size N    tokens per KV page, a power of two 1..1073741824 (default 64; sm90:\n"
       "                   up to 256)\n"
       "  --dtype T        bf16 | fp16 | fp8 | bf16-fp8 (query bf16, cache fp8) | fp32 (cpu only)\n"
+      "  --kv-format F    plain | fp8_ds_mla (default plain: the cache in --dtype's cache type;\n"
+      "                   fp8_ds_mla: DeepSeek-V3.2's uint8 [P, page_size, 656] rows, 512 e4m3\n"
+      "                   values quantized per 128 with fp32 scales + 64 bf16 rope; --dtype bf16)\n"
+      "  --sparse-top-k K sparse top-k mode, 0..2147483647 (default 0: dense): each query token\n"
+      "                   gets K flat slots (page * page_size + offset) of distinct tokens drawn\n"
+      "                   from its request's own pages, among those it sees causally; -1 pads a\n"
+      "                   row whose token sees fewer than K\n"
+      "  --topk-len-mean N\n"
+      "                   with --sparse-top-k K: per-request sparse_topk_lens drawn uniformly\n"
+      "                   from [max(0, 2N - K), min(K, 2N)], mean N, 1..K (default: none, every\n"
+      "                   entry counted; e.g. K 2048, N 1024: lens 0..2048)\n"
       "  --backend B      auto | sm90 | cpu (default auto: the best available)\n"
       "  --iters N        timed iterations, 1..1000000 (default: 100 on sm90, 5 on cpu)\n"
       "  --warmup N       untimed iterations first, 0..1000000 (default 1; sm90 runs at least 1)\n"
@@ -94,6 +111,10 @@ void usage() {
       "  --suite sweep    run the dense sweep (50 configurations: batch 1..1024, seq_len\n"
       "                   512..262144 fixed and varlen, heads 8..128, q_len 1..4, pages 32 and\n"
       "                   64) in --dtype (default bf16) and print a summary (cpu: --allow-cpu)\n"
+      "  --suite sparse   run the sparse table (9 DeepSeek-V3.2 configurations: seq_len 8192,\n"
+      "                   top_k 2048, each row's own cache format: bf16, bf16-fp8 or fp8_ds_mla)\n"
+      "                   and print a summary (cpu: --allow-cpu; --dtype, --kv-format,\n"
+      "                   --sparse-top-k and --topk-len-mean are refused with it)\n"
       "  --list           with --suite: print the suite's configurations and run nothing\n"
       "  --allow-cpu      let a suite run on the cpu backend (GPU-sized shapes: minutes to\n"
       "                   hours)\n"
@@ -102,7 +123,9 @@ void usage() {
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "  --times-out FILE also write every timed iteration to FILE (configuration index, us)\n"
-      "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512).\n"
+      "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512), where a\n"
+      "sparse token's keys are its counted entries other than -1 (each a gathered row: 656\n"
+      "bytes in fp8_ds_mla, 576 x the cache element size otherwise).\n"
       "Progress goes to stderr, one line as each configuration starts and one as it finishes.\n"
       "Exit status: 0 done; 1 the check found a mismatch, or a runtime failure (CUDA, memory);\n"
       "2 a bad flag or value, or flags this machine or backend cannot run (the message says why).");
@@ -141,6 +164,36 @@ std::string one_of(const std::string& flag, const std::string& text,
   throw UsageError(flag + ": expected " + list + ", got '" + text + "'");
 }
 
+// Refuses (UsageError) flags that cannot go together, whatever their order on the command line.
+void check_combinations(const Config& c) {
+  if (c.suite == "sparse") {
+    const char* flag = c.dtype_given         ? "--dtype"
+                       : c.kv_format_given   ? "--kv-format"
+                       : c.top_k > 0         ? "--sparse-top-k"
+                       : c.topk_len_mean > 0 ? "--topk-len-mean"
+                                             : nullptr;
+    if (flag != nullptr) {
+      throw UsageError(std::string("--suite sparse: each row sets its own dtype, cache format, "
+                                   "top_k and topk lens; drop ") +
+                       flag);
+    }
+  }
+  if (c.topk_len_mean > 0 && c.top_k == 0) {
+    throw UsageError("--topk-len-mean " + std::to_string(c.topk_len_mean) +
+                     ": needs sparse mode (--sparse-top-k K, K > 0)");
+  }
+  if (c.topk_len_mean > c.top_k) {
+    throw UsageError("--topk-len-mean: expected a mean from 1 to --sparse-top-k " +
+                     std::to_string(c.top_k) + ", got '" + std::to_string(c.topk_len_mean) + "'");
+  }
+  if (c.kv_format == "fp8_ds_mla" && c.dtype != "bf16") {
+    throw UsageError(
+        "--kv-format fp8_ds_mla: needs --dtype bf16 (the query's type; the cache holds its own "
+        "e4m3 values, fp32 scales and bf16 rope), got --dtype " +
+        c.dtype);
+  }
+}
+
 // Fills `c` from the command line; false for --help (printed). Throws UsageError.
 bool parse_args(int argc, char** argv, Config& c) {
   for (int i = 1; i < argc; ++i) {
@@ -175,6 +228,14 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.page_size = static_cast<int64_t>(n);
     } else if (a == "--dtype") {
       c.dtype = one_of(a, value(), {"bf16", "fp16", "fp8", "bf16-fp8", "fp32"});
+      c.dtype_given = true;
+    } else if (a == "--kv-format") {
+      c.kv_format = one_of(a, value(), {"plain", "fp8_ds_mla"});
+      c.kv_format_given = true;
+    } else if (a == "--sparse-top-k") {
+      c.top_k = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--topk-len-mean") {
+      c.topk_len_mean = static_cast<int64_t>(count(1, kInt32Max));
     } else if (a == "--backend") {
       c.backend = one_of(a, value(), {"auto", "sm90", "cpu"});
     } else if (a == "--iters") {
@@ -188,7 +249,7 @@ bool parse_args(int argc, char** argv, Config& c) {
     } else if (a == "--seq-sd") {
       c.seq_sd = static_cast<int64_t>(count(0, kInt32Max));
     } else if (a == "--suite") {
-      c.suite = one_of(a, value(), {"goals", "sweep"});
+      c.suite = one_of(a, value(), {"goals", "sweep", "sparse"});
     } else if (a == "--list") {
       c.list = true;
     } else if (a == "--allow-cpu") {
@@ -210,23 +271,38 @@ bool parse_args(int argc, char** argv, Config& c) {
       throw UsageError("unexpected argument '" + a + "' (options start with --; see --help)");
     }
   }
+  check_combinations(c);
   return true;
 }
 
+// The fp8_ds_mla cache format (docs/contract.md section 1.4): per token, 512 e4m3 latent values,
+// 4 fp32 scales (one per 128 values), 64 bf16 rope values.
+constexpr int64_t kDsMlaRowBytes = 656;
+constexpr int64_t kDsMlaLatent = 512;
+constexpr int64_t kDsMlaGroup = 128;
+constexpr int64_t kDsMlaRope = 64;
+
 // Host buffers of one decode step, plus the DecodeParams that view them.
 struct Step {
-  mla::DataType q_dtype, kv_dtype, out_dtype;
+  mla::DataType q_dtype, kv_dtype, out_dtype;  // kv_dtype: uint8 for fp8_ds_mla
+  bool ds_mla = false;                         // the cache is fp8_ds_mla
+  int64_t kv_row_bytes = 0;                    // bytes of one cached token
   std::vector<uint8_t> query, kv, out, workspace;
   std::vector<float> lse;
+  // block_tables [B, max_pages]: the pages each request owns; passed to the library in dense
+  // mode only (sparse mode addresses the pool through sparse_indices).
   std::vector<int32_t> block_tables, seq_lens;
+  std::vector<int32_t> sparse_indices;  // [B, q_len, top_k] flat slots, -1 for none; sparse mode
+  std::vector<int32_t> topk_lens;       // [B]; with --topk-len-mean
   int64_t num_pages = 0, max_pages = 0;
   mla::DecodeParams params;
 };
 
 size_t dtype_bytes(mla::DataType t) { return t.bits / 8; }
 
-// The query, cache and output dtypes of --dtype (already one of the accepted names).
-void resolve_dtypes(const std::string& name, Step& s) {
+// The query, cache and output dtypes of --dtype and --kv-format (already accepted names).
+void resolve_dtypes(const Config& c, Step& s) {
+  const std::string& name = c.dtype;
   if (name == "bf16") {
     s.q_dtype = s.kv_dtype = mla::dtype::kBFloat16;
   } else if (name == "fp16") {
@@ -242,6 +318,11 @@ void resolve_dtypes(const std::string& name, Step& s) {
     throw UsageError("--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got '" + name + "'");
   }
   s.out_dtype = s.q_dtype == mla::dtype::kFloat16 ? mla::dtype::kFloat16 : mla::dtype::kBFloat16;
+  s.ds_mla = c.kv_format == "fp8_ds_mla";
+  if (s.ds_mla) s.kv_dtype = mla::dtype::kUInt8;
+  s.kv_row_bytes =
+      s.ds_mla ? kDsMlaRowBytes
+               : (c.kv_lora_rank + c.rope_dim) * static_cast<int64_t>(dtype_bytes(s.kv_dtype));
 }
 
 // Memory this process may still take: MemAvailable, else the physical memory, else unbounded.
@@ -266,15 +347,26 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// Bytes of one step's buffers (query, cache, output, lse, block tables, seq lens), in doubles so
-// that no flag combination overflows. `cache_pages`: pages of the cache; `max_pages`: per request.
+// Bytes of one step's buffers (query, cache, output, lse, block tables, seq lens, sparse indices
+// and lens), in doubles so that no flag combination overflows. `cache_pages`: pages of the cache;
+// `max_pages`: per request.
 double step_bytes(const Config& c, const Step& s, double cache_pages, double max_pages) {
   const double D = c.kv_lora_rank + c.rope_dim;
-  const double rows =
-      static_cast<double>(c.batch) * static_cast<double>(c.q_len) * static_cast<double>(c.heads);
+  const double tokens = static_cast<double>(c.batch) * static_cast<double>(c.q_len);
+  const double rows = tokens * static_cast<double>(c.heads);
   return rows * (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype) + 4.0) +
-         cache_pages * static_cast<double>(c.page_size) * D * dtype_bytes(s.kv_dtype) +
-         static_cast<double>(c.batch) * (max_pages + 1.0) * 4.0;
+         cache_pages * static_cast<double>(c.page_size) * static_cast<double>(s.kv_row_bytes) +
+         static_cast<double>(c.batch) * (max_pages + 2.0) * 4.0 +
+         tokens * static_cast<double>(c.top_k) * 4.0;
+}
+
+// ", cache fp8_ds_mla, sparse top_k 2048 (topk lens mean 1024)": what a configuration adds to
+// its dtype; empty for a dense plain one.
+std::string mode_text(const Config& c) {
+  std::string t = c.kv_format == "plain" ? "" : ", cache " + c.kv_format;
+  if (c.top_k > 0) t += ", sparse top_k " + std::to_string(c.top_k);
+  if (c.topk_len_mean > 0) t += " (topk lens mean " + std::to_string(c.topk_len_mean) + ")";
+  return t;
 }
 
 // Refuses (UsageError) a step whose host buffers do not fit in the memory available here.
@@ -286,8 +378,9 @@ void check_host_memory(const Config& c, const Step& s, double cache_pages, doubl
         "batch " + std::to_string(c.batch) + ", seq_len " + std::to_string(c.seq_len) +
         (c.seq_sd > 0 ? " (varlen)" : "") + ", heads " + std::to_string(c.heads) + ", q_len " +
         std::to_string(c.q_len) + ", page " + std::to_string(c.page_size) + ", dtype " + c.dtype +
-        ": the inputs and outputs need " + gib(need) + " of host memory, " + gib(have) +
-        " is available here; lower --batch, --seq-len, --heads or --q-len");
+        mode_text(c) + ": the inputs and outputs need " + gib(need) + " of host memory, " +
+        gib(have) +
+        " is available here; lower --batch, --seq-len, --heads, --q-len or --sparse-top-k");
   }
 }
 
@@ -326,8 +419,106 @@ void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, FastRng& 
   }
 }
 
+// `x` (|x| <= 448) as float8 e4m3fn, rounded to the nearest value (ties to even).
+uint8_t to_e4m3(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  // Subnormals are multiples of 2^-9; 8 of them is the smallest normal, code 0x08.
+  if (a < 0x1.0p-6f) return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  uint32_t bits = mla::detail::cpu::float_bits(a);
+  bits += 0x7FFFFu + ((bits >> 20) & 1u);  // round the 23-bit mantissa to 3 bits
+  const uint32_t code = (((bits >> 23) - 127 + 7) << 3) | ((bits >> 20) & 7u);
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7E));  // 0x7E: 448
+}
+
+// Fills `rows` fp8_ds_mla rows of `buf` from values of roughly unit scale, quantized as
+// DeepSeek-V3.2 does: each group of 128 latent values gets the fp32 scale amax / 448 and stores
+// value / scale in e4m3; the 64 rope values are stored in bf16. Blocks of rows are filled on every
+// hardware thread, each from its own seed, so the cache depends on --seed alone.
+void fill_ds_mla(std::vector<uint8_t>& buf, int64_t rows, uint64_t seed) {
+  constexpr int64_t kBlock = 4096;  // rows per seed
+  buf.assign(static_cast<size_t>(rows * kDsMlaRowBytes), 0);
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  std::atomic<int64_t> next{0};
+  auto work = [&] {
+    float x[kDsMlaLatent];
+    for (int64_t blk = next++; blk < blocks; blk = next++) {
+      FastRng rng(seed ^ (0xD5A1ull + static_cast<uint64_t>(blk) * 0x100000001B3ull));
+      for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
+        uint8_t* row = buf.data() + r * kDsMlaRowBytes;
+        for (float& v : x) v = rng.uniform();
+        for (int64_t g = 0; g < kDsMlaLatent / kDsMlaGroup; ++g) {
+          float amax = 0.0f;
+          for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
+            amax = std::max(amax, std::fabs(x[k]));
+          }
+          const float scale = std::max(amax, 1e-4f) / 448.0f;
+          std::memcpy(row + kDsMlaLatent + 4 * g, &scale, 4);
+          for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
+            row[k] = to_e4m3(std::clamp(x[k] / scale, -448.0f, 448.0f));
+          }
+        }
+        for (int64_t k = 0; k < kDsMlaRope; ++k) {
+          const uint16_t h = mla::detail::cpu::float_to_bf16(rng.uniform());
+          std::memcpy(row + kDsMlaLatent + 16 + 2 * k, &h, 2);
+        }
+      }
+    }
+  };
+  const int64_t workers =
+      std::min<int64_t>(blocks, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// Keys attended by query token i of a request with `seq_len` tokens and `n` query tokens (causal).
+int64_t attended_keys(int64_t seq_len, int64_t n, int64_t i) {
+  return std::max<int64_t>(0, std::min(seq_len, seq_len - n + i + 1));
+}
+
+// Sparse mode: every query token's top_k entries, flat slots (page * page_size + offset,
+// docs/contract.md section 2.2) of distinct tokens drawn uniformly from the tokens the query token
+// sees causally (positions 0 .. seq_len - q_len + i) in its request's own pages, in the order
+// drawn; -1 past them where it sees fewer than top_k. With --topk-len-mean N, per-request lens
+// drawn uniformly from [max(0, 2N - K), min(K, 2N)].
+void draw_sparse(const Config& c, Step& s, int64_t max_len) {
+  FastRng rng(c.seed ^ 0x5BA25E5ull);
+  const int64_t K = c.top_k;
+  if (c.topk_len_mean > 0) {
+    const int64_t hi = std::min(K, 2 * c.topk_len_mean), lo = 2 * c.topk_len_mean - hi;
+    s.topk_lens.resize(static_cast<size_t>(c.batch));
+    for (int32_t& len : s.topk_lens) {
+      len = static_cast<int32_t>(lo + static_cast<int64_t>(rng.next() % (hi - lo + 1)));
+    }
+  }
+  s.sparse_indices.assign(static_cast<size_t>(c.batch * c.q_len * K), -1);
+  // A partial Fisher-Yates shuffle per row, its swaps undone afterwards: O(top_k) per row.
+  std::vector<int32_t> positions(static_cast<size_t>(max_len));
+  std::iota(positions.begin(), positions.end(), 0);
+  std::vector<int64_t> swaps;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int32_t* pages = s.block_tables.data() + b * s.max_pages;
+    for (int64_t i = 0; i < c.q_len; ++i) {
+      const int64_t visible = attended_keys(s.seq_lens[static_cast<size_t>(b)], c.q_len, i);
+      const int64_t n = std::min(K, visible);
+      int32_t* row = s.sparse_indices.data() + (b * c.q_len + i) * K;
+      swaps.resize(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t j = k + static_cast<int64_t>(rng.next() % static_cast<uint64_t>(visible - k));
+        std::swap(positions[k], positions[j]);
+        swaps[k] = j;
+        const int64_t t = positions[k];
+        row[k] = static_cast<int32_t>(pages[t / c.page_size] * c.page_size + t % c.page_size);
+      }
+      for (int64_t k = n - 1; k >= 0; --k) std::swap(positions[k], positions[swaps[k]]);
+    }
+  }
+}
+
 void build_step(const Config& c, Step& s) {
-  resolve_dtypes(c.dtype, s);
+  resolve_dtypes(c, s);
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   // Before anything is allocated: the expected size (a varlen draw is checked again below).
   const double pages_per_request =
@@ -358,7 +549,11 @@ void build_step(const Config& c, Step& s) {
   }
   FastRng fast(c.seed);
   fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), fast);
-  fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), fast);
+  if (s.ds_mla) {
+    fill_ds_mla(s.kv, s.num_pages * c.page_size, c.seed);
+  } else {
+    fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), fast);
+  }
   std::vector<int32_t> pages(static_cast<size_t>(s.num_pages));
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), rng);
@@ -375,9 +570,21 @@ void build_step(const Config& c, Step& s) {
 
   mla::DecodeParams& p = s.params;
   p.query = mla::TensorView::contiguous(s.query.data(), s.q_dtype, {c.batch, c.q_len, c.heads, D});
-  p.kv_cache = mla::TensorView::contiguous(s.kv.data(), s.kv_dtype, {s.num_pages, c.page_size, D});
-  p.block_tables = mla::TensorView::contiguous(s.block_tables.data(), mla::dtype::kInt32,
-                                               {c.batch, s.max_pages});
+  p.kv_cache = mla::TensorView::contiguous(
+      s.kv.data(), s.kv_dtype, {s.num_pages, c.page_size, s.ds_mla ? kDsMlaRowBytes : D});
+  if (c.top_k > 0) {
+    draw_sparse(c, s, max_len);
+    p.sparse_top_k = static_cast<int32_t>(c.top_k);
+    p.sparse_indices = mla::TensorView::contiguous(s.sparse_indices.data(), mla::dtype::kInt32,
+                                                   {c.batch, c.q_len, c.top_k});
+    if (!s.topk_lens.empty()) {
+      p.sparse_topk_lens =
+          mla::TensorView::contiguous(s.topk_lens.data(), mla::dtype::kInt32, {c.batch});
+    }
+  } else {
+    p.block_tables = mla::TensorView::contiguous(s.block_tables.data(), mla::dtype::kInt32,
+                                                 {c.batch, s.max_pages});
+  }
   p.seq_lens = mla::TensorView::contiguous(s.seq_lens.data(), mla::dtype::kInt32, {c.batch});
   p.out = mla::TensorView::contiguous(s.out.data(), s.out_dtype,
                                       {c.batch, c.q_len, c.heads, c.kv_lora_rank});
@@ -392,11 +599,6 @@ void build_step(const Config& c, Step& s) {
   s.workspace.assign(mla::workspace_size(p), 0);
   p.workspace = mla::TensorView::contiguous(s.workspace.data(), mla::dtype::kUInt8,
                                             {static_cast<int64_t>(s.workspace.size())});
-}
-
-// Keys attended by query token i of a request with `seq_len` tokens and `n` query tokens (causal).
-int64_t attended_keys(int64_t seq_len, int64_t n, int64_t i) {
-  return std::max<int64_t>(0, std::min(seq_len, seq_len - n + i + 1));
 }
 
 // The first n elements at `data`, of type `t` (a query or cache dtype of --dtype), as floats.
@@ -417,6 +619,49 @@ void decode_values(const uint8_t* data, mla::DataType t, int64_t n, float* dst) 
   }
 }
 
+// The first n values (n <= 576) of the cached token at flat slot `slot` (page * page_size +
+// offset), as floats: decoded from the cache's dtype, or from an fp8_ds_mla row (latent value k
+// is e4m3[k] times scale[k / 128], then the bf16 rope).
+void decode_kv_row(const Step& s, int64_t slot, int64_t n, float* dst) {
+  const uint8_t* row = s.kv.data() + static_cast<size_t>(slot * s.kv_row_bytes);
+  if (!s.ds_mla) return decode_values(row, s.kv_dtype, n, dst);
+  const std::array<float, 256>& table = mla::detail::cpu::fp8_e4m3_table();
+  for (int64_t k = 0; k < std::min(n, kDsMlaLatent); ++k) {
+    float scale;
+    std::memcpy(&scale, row + kDsMlaLatent + 4 * (k / kDsMlaGroup), 4);
+    dst[k] = table[row[k]] * scale;
+  }
+  if (n > kDsMlaLatent) {
+    decode_values(row + kDsMlaLatent + 16, mla::dtype::kBFloat16, n - kDsMlaLatent,
+                  dst + kDsMlaLatent);
+  }
+}
+
+// The keys that query token i of request b attends, as flat slots (a key listed twice appears
+// twice): dense, its causal positions through the request's pages; sparse, its counted entries
+// (min(top_k, topk_len, seq_len - q_len + i + 1), docs/contract.md section 2.2) other than -1.
+void attended_slots(const Config& c, const Step& s, int64_t b, int64_t i,
+                    std::vector<int64_t>& slots) {
+  slots.clear();
+  const int64_t len = s.seq_lens[static_cast<size_t>(b)];
+  const int64_t visible = attended_keys(len, c.q_len, i);
+  if (c.top_k > 0) {
+    int64_t counted = std::min(c.top_k, visible);
+    if (!s.topk_lens.empty()) {
+      counted = std::min<int64_t>(counted, s.topk_lens[static_cast<size_t>(b)]);
+    }
+    const int32_t* row = s.sparse_indices.data() + (b * c.q_len + i) * c.top_k;
+    for (int64_t k = 0; k < counted; ++k) {
+      if (row[k] != -1) slots.push_back(row[k]);
+    }
+    return;
+  }
+  const int32_t* pages = s.block_tables.data() + b * s.max_pages;
+  for (int64_t j = 0; j < visible; ++j) {
+    slots.push_back(pages[j / c.page_size] * c.page_size + j % c.page_size);
+  }
+}
+
 // What the fp8 check's allowance of one (token, head) row is made of, in float64: abs_sum[l] =
 // sum_j p_j |v_jl| / Z over the row's attended keys j (p_j = exp(s_j - max s), Z = sum_j p_j, v_j
 // the first L values of key j), and score_err, the probable fp32 error of one score:
@@ -431,29 +676,24 @@ struct RowMagnitudes {
 std::vector<RowMagnitudes> row_magnitudes(const Config& c, const Step& s, int64_t b) {
   const int64_t D = c.kv_lora_rank + c.rope_dim, L = c.kv_lora_rank;
   const int64_t rows = c.q_len * c.heads;
-  const size_t kv_bytes = dtype_bytes(s.kv_dtype);
   const double scale = s.params.bmm1_scale;
-  const int64_t len = s.seq_lens[static_cast<size_t>(b)];
   std::vector<RowMagnitudes> out(static_cast<size_t>(rows));
   std::atomic<int64_t> next{0};
   auto work = [&] {
     std::vector<float> q(static_cast<size_t>(D)), k(static_cast<size_t>(D));
     std::vector<double> scores;
+    std::vector<int64_t> slots;
     for (int64_t r = next++; r < rows; r = next++) {
       const int64_t i = r / c.heads;  // query token; head r % c.heads
       decode_values(s.query.data() + static_cast<size_t>((b * c.q_len * c.heads + r) * D) *
                                          dtype_bytes(s.q_dtype),
                     s.q_dtype, D, q.data());
-      const int64_t n = attended_keys(len, c.q_len, i);
-      auto key = [&](int64_t j) {
-        const int64_t page = s.block_tables[static_cast<size_t>(b * s.max_pages + j / c.page_size)];
-        return s.kv.data() +
-               static_cast<size_t>((page * c.page_size + j % c.page_size) * D) * kv_bytes;
-      };
+      attended_slots(c, s, b, i, slots);
+      const int64_t n = static_cast<int64_t>(slots.size());
       scores.assign(static_cast<size_t>(n), 0.0);
       double max_score = -HUGE_VAL, max_magnitude = 0.0;
       for (int64_t j = 0; j < n; ++j) {
-        decode_values(key(j), s.kv_dtype, D, k.data());
+        decode_kv_row(s, slots[j], D, k.data());
         double dot = 0.0, magnitude = 0.0;
         for (int64_t d = 0; d < D; ++d) {
           const double term = static_cast<double>(q[d]) * k[d];
@@ -471,7 +711,7 @@ std::vector<RowMagnitudes> row_magnitudes(const Config& c, const Step& s, int64_
       for (int64_t j = 0; j < n; ++j) {
         const double p = std::exp(scores[j] - max_score);
         z += p;
-        decode_values(key(j), s.kv_dtype, L, k.data());
+        decode_kv_row(s, slots[j], L, k.data());
         for (int64_t l = 0; l < L; ++l) m.abs_sum[l] += p * std::fabs(k[l]);
       }
       if (z > 0.0) {
@@ -500,11 +740,12 @@ struct CheckResult {
 
 // With `bitwise` false (a GPU run against the cpu backend: another summation order):
 // - 16-bit caches: a value passes within 2^-7 relative + 1e-3 absolute.
-// - fp8 caches: an fp8 cache holds values up to 7.5 (fill_random), whose softmax-weighted terms
-//   p_j v_jl cancel in many outputs, and there a per-value relative tolerance is no bound on the
-//   GPU's rounding. The bound is scaled by the row instead, by A_l = sum_j p_j |v_jl| / Z
-//   (row_magnitudes), the sum of the magnitudes of the terms of out_l; |out_l| <= A_l. With u the
-//   largest relative error of rounding to a 16-bit type (2^-8 for bf16, 2^-11 for fp16):
+// - fp8 caches (per-tensor and fp8_ds_mla): a per-tensor fp8 cache holds values up to 7.5
+//   (fill_random), whose softmax-weighted terms p_j v_jl cancel in many outputs, and there a
+//   per-value relative tolerance is no bound on the GPU's rounding. The bound is scaled by the row
+//   instead, by A_l = sum_j p_j |v_jl| / Z (row_magnitudes), the sum of the magnitudes of the terms
+//   of out_l; |out_l| <= A_l. With u the largest relative error of rounding to a 16-bit type (2^-8
+//   for bf16, 2^-11 for fp16):
 //     - P: a kernel that enters PV with p_j rounded to 16 bits (the TMA kernels, docs/sm90-tma.md,
 //       "Precision") moves each weight p_j / Z by at most u_P relatively in numerator and sum:
 //       2 u_P A_l. u_P = 2^-8 (bf16 P, the looser); the SIMT kernel (fp32 P) needs none of it.
@@ -519,6 +760,10 @@ struct CheckResult {
 //   allowed_l = (2 u_P + 3 u_out + 2^-11 + 4 e) A_l + 2^-22, the last term for fp16's subnormal
 //   spacing. For bf16 out: about 0.02 A_l. A lost split, key or row is off by a weight times |v|
 //   (values up to 7.5), far above it wherever the missing weight is more than a few percent.
+//   An fp8_ds_mla cache's decoded values (e4m3 x its group's scale) are bounded like a 16-bit
+//   cache's, but the bound above holds for any cache, and it is the one used for both fp8 kinds.
+// Sparse calls re-run the request with its own rows of sparse_indices and sparse_topk_lens against
+// the whole pool, and the sums run over its counted entries (attended_slots).
 // A no-op step (no query tokens) has nothing to check; NaN never passes.
 CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   using mla::detail::cpu::bf16_to_float;
@@ -528,7 +773,7 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   const int64_t D = c.kv_lora_rank + c.rope_dim;
   const size_t q_row_bytes = static_cast<size_t>(c.q_len * c.heads * D) * dtype_bytes(s.q_dtype);
   const size_t out_elems = static_cast<size_t>(c.q_len * c.heads * c.kv_lora_rank);
-  const bool fp8_cache = s.kv_dtype == mla::dtype::kFloat8E4M3;
+  const bool fp8_cache = s.kv_dtype == mla::dtype::kFloat8E4M3 || s.ds_mla;
   const bool bf = s.out_dtype == mla::dtype::kBFloat16;
   const double u_out = bf ? 0x1.0p-8 : 0x1.0p-11, u_p = 0x1.0p-8;
   const int64_t samples[] = {0, c.batch / 2, c.batch - 1};
@@ -542,9 +787,19 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
     p.backend = mla::Backend::kCpu;
     p.query = mla::TensorView::contiguous(const_cast<uint8_t*>(s.query.data()) + b * q_row_bytes,
                                           s.q_dtype, {1, c.q_len, c.heads, D});
-    p.block_tables =
-        mla::TensorView::contiguous(const_cast<int32_t*>(s.block_tables.data()) + b * s.max_pages,
-                                    mla::dtype::kInt32, {1, s.max_pages});
+    if (c.top_k > 0) {
+      p.sparse_indices = mla::TensorView::contiguous(
+          const_cast<int32_t*>(s.sparse_indices.data()) + b * c.q_len * c.top_k, mla::dtype::kInt32,
+          {1, c.q_len, c.top_k});
+      if (!s.topk_lens.empty()) {
+        p.sparse_topk_lens = mla::TensorView::contiguous(
+            const_cast<int32_t*>(s.topk_lens.data()) + b, mla::dtype::kInt32, {1});
+      }
+    } else {
+      p.block_tables =
+          mla::TensorView::contiguous(const_cast<int32_t*>(s.block_tables.data()) + b * s.max_pages,
+                                      mla::dtype::kInt32, {1, s.max_pages});
+    }
     p.seq_lens = mla::TensorView::contiguous(const_cast<int32_t*>(s.seq_lens.data()) + b,
                                              mla::dtype::kInt32, {1});
     p.out =
@@ -637,22 +892,31 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   };
   // Refuse (exit 2) a step that cannot fit, rather than fail in the middle of the copies.
   const size_t flush_bytes = size_t{256} << 20;
-  const double need = static_cast<double>(
-      s.query.size() + s.kv.size() + s.out.size() +
-      4 * (s.block_tables.size() + s.seq_lens.size() + s.lse.size()) + flush_bytes);
+  const double need =
+      static_cast<double>(s.query.size() + s.kv.size() + s.out.size() +
+                          4 * (s.block_tables.size() + s.seq_lens.size() + s.lse.size() +
+                               s.sparse_indices.size() + s.topk_lens.size()) +
+                          flush_bytes);
   size_t free_bytes = 0, total_bytes = 0;
   cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   if (need > static_cast<double>(free_bytes)) {
     throw UsageError("batch " + std::to_string(c.batch) + ", seq_len " + std::to_string(c.seq_len) +
                      ", heads " + std::to_string(c.heads) + ", q_len " + std::to_string(c.q_len) +
-                     ": the step needs " + gib(need) +
+                     mode_text(c) + ": the step needs " + gib(need) +
                      " of GPU memory (inputs, outputs and the 256 MB L2 flush buffer), " +
                      gib(static_cast<double>(free_bytes)) +
                      " is free on this GPU; lower --batch, --seq-len, --heads or --q-len");
   }
   move(p.query, s.query.data(), s.query.size());
   move(p.kv_cache, s.kv.data(), s.kv.size());
-  move(p.block_tables, s.block_tables.data(), s.block_tables.size() * 4);
+  if (c.top_k > 0) {
+    move(p.sparse_indices, s.sparse_indices.data(), s.sparse_indices.size() * 4);
+    if (p.sparse_topk_lens.defined()) {
+      move(p.sparse_topk_lens, s.topk_lens.data(), s.topk_lens.size() * 4);
+    }
+  } else {
+    move(p.block_tables, s.block_tables.data(), s.block_tables.size() * 4);
+  }
   move(p.seq_lens, s.seq_lens.data(), s.seq_lens.size() * 4);
   move(p.out, nullptr, s.out.size());
   move(p.lse, nullptr, s.lse.size() * 4);
@@ -777,6 +1041,7 @@ struct Result {
   std::string note;
   bool no_op = false;  // no query tokens (batch or q_len 0): arguments validated, nothing written
   int64_t mean_seq_len = 0, max_seq_len = 0;
+  double mean_counted = 0;  // sparse: keys per query token (counted entries other than -1)
   double median_us = 0, min_us = 0, p90_us = 0, tflops = 0, tbps = 0;
   std::vector<double> times_us;  // every timed iteration, in order
   CheckResult check;
@@ -803,13 +1068,14 @@ bool runs_on_gpu(const Config& c) {
   return gpu;
 }
 
-// "sm90: batch 128, q_len 1, seq_len 8192, heads 128, page 64, bf16, 100 iterations"
+// "sm90: batch 128, q_len 1, seq_len 8192, heads 128, page 64, bf16, 100 iterations", with the
+// cache format and top_k of a sparse or fp8_ds_mla configuration after the dtype
 std::string describe(const Config& c, const char* backend) {
   return std::string(backend) + ": batch " + std::to_string(c.batch) + ", q_len " +
          std::to_string(c.q_len) + ", seq_len " + std::to_string(c.seq_len) +
          (c.seq_sd > 0 ? " (varlen, sd " + std::to_string(c.seq_sd) + ")" : "") + ", heads " +
-         std::to_string(c.heads) + ", page " + std::to_string(c.page_size) + ", " + c.dtype + ", " +
-         std::to_string(c.iters) + " iterations";
+         std::to_string(c.heads) + ", page " + std::to_string(c.page_size) + ", " + c.dtype +
+         mode_text(c) + ", " + std::to_string(c.iters) + " iterations";
 }
 
 // Runs one configuration; `tag` ("[3/10] " in a suite) prefixes its progress lines on stderr.
@@ -860,19 +1126,36 @@ Result measure(Config c, bool gpu, const std::string& tag) {
   r.check = check_sample(c, s, on_cpu);
 
   // Work and traffic: every attended (row, key) pair costs 2*D + 2*L FLOPs; each KV row is read
-  // once, the query once, the output written once. A no-op reads and writes nothing.
+  // once, the query once, the output written once. A sparse token's keys are its counted entries
+  // other than -1 (not the top_k padding), and each is a row gathered for that token (so tokens
+  // of one request that name one slot read it once each); the indices themselves are not counted.
+  // A no-op reads and writes nothing.
   const int64_t D = c.kv_lora_rank + c.rope_dim;
-  double pairs = 0, kv_rows = 0;
-  for (int32_t len : s.seq_lens) {
-    for (int64_t i = 0; i < c.q_len; ++i) pairs += attended_keys(len, c.q_len, i);
-    kv_rows += len;
+  double pairs = 0, kv_rows = 0, cached = 0;
+  std::vector<int64_t> slots;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int32_t len = s.seq_lens[static_cast<size_t>(b)];
+    for (int64_t i = 0; i < c.q_len; ++i) {
+      if (c.top_k > 0) {
+        attended_slots(c, s, b, i, slots);
+        pairs += static_cast<double>(slots.size());
+        kv_rows += static_cast<double>(slots.size());
+      } else {
+        pairs += attended_keys(len, c.q_len, i);
+      }
+    }
+    if (c.top_k == 0) kv_rows += len;
+    cached += len;
     r.max_seq_len = std::max<int64_t>(r.max_seq_len, len);
   }
-  r.mean_seq_len = c.batch > 0 ? static_cast<int64_t>(kv_rows / c.batch) : 0;
+  r.mean_seq_len = c.batch > 0 ? static_cast<int64_t>(cached / c.batch) : 0;
+  if (c.top_k > 0 && c.batch * c.q_len > 0) {
+    r.mean_counted = pairs / static_cast<double>(c.batch * c.q_len);
+  }
   const double flops = pairs * c.heads * (2.0 * D + 2.0 * c.kv_lora_rank);
   const double bytes =
       r.no_op ? 0.0
-              : kv_rows * D * dtype_bytes(s.kv_dtype) +
+              : kv_rows * static_cast<double>(s.kv_row_bytes) +
                     static_cast<double>(c.batch * c.q_len * c.heads) *
                         (D * dtype_bytes(s.q_dtype) + c.kv_lora_rank * dtype_bytes(s.out_dtype));
   r.median_us = median(times_us);
@@ -894,13 +1177,15 @@ Result measure(Config c, bool gpu, const std::string& tag) {
 
 std::string to_json(const Result& r) {
   const Config& c = r.config;
-  char buf[1280];
+  char buf[1600];
   std::snprintf(
       buf, sizeof(buf),
       "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"seq_sd\": %lld, "
       "\"mean_seq_len\": %lld, \"max_seq_len\": %lld, \"heads\": %lld, \"q_len\": %lld, "
       "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
-      "\"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, \"min_us\": %.3f, \"p90_us\": %.3f, "
+      "\"kv_format\": \"%s\", \"sparse_top_k\": %lld, \"topk_len_mean\": %lld, "
+      "\"mean_counted_entries\": %.3f, \"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, "
+      "\"min_us\": %.3f, \"p90_us\": %.3f, "
       "\"tflops\": %.6f, \"tbps\": %.6f, "
       "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"max_diff_over_allowed\": %g, "
       "\"passed\": %s}, \"note\": \"%s\"}",
@@ -908,9 +1193,10 @@ std::string to_json(const Result& r) {
       static_cast<long long>(c.seq_sd), static_cast<long long>(r.mean_seq_len),
       static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
-      c.rope_dim, c.dtype.c_str(), c.iters, r.no_op ? "true" : "false", r.median_us, r.min_us,
-      r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff, r.check.worst,
-      r.check.ok ? "true" : "false", r.note.c_str());
+      c.rope_dim, c.dtype.c_str(), c.kv_format.c_str(), static_cast<long long>(c.top_k),
+      static_cast<long long>(c.topk_len_mean), r.mean_counted, c.iters, r.no_op ? "true" : "false",
+      r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff,
+      r.check.worst, r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
 
@@ -920,14 +1206,19 @@ void print_text(const Result& r) {
   if (!r.note.empty()) std::printf("note: %s\n", r.note.c_str());
   std::printf(
       "config: backend %s, batch %lld, seq_len %lld%s, heads %lld, q_len %lld, page %lld, "
-      "L %d, R %d, dtype %s\n",
+      "L %d, R %d, dtype %s%s\n",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
       c.seq_sd > 0 ? (" (varlen, sd " + std::to_string(c.seq_sd) + ", drawn mean " +
                       std::to_string(r.mean_seq_len) + ")")
                          .c_str()
                    : "",
       static_cast<long long>(c.heads), static_cast<long long>(c.q_len),
-      static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str());
+      static_cast<long long>(c.page_size), c.kv_lora_rank, c.rope_dim, c.dtype.c_str(),
+      mode_text(c).c_str());
+  if (c.top_k > 0 && !r.no_op) {
+    std::printf("sparse: %.1f counted entries per query token on average (top_k %lld)\n",
+                r.mean_counted, static_cast<long long>(c.top_k));
+  }
   if (r.no_op) {
     std::printf("check:  none (a no-op call writes nothing)\n");
   } else {
@@ -1043,10 +1334,75 @@ std::vector<SuiteRow> sweep_rows() {
   return rows;
 }
 
+// One row of the sparse table: a DeepSeek-V3.2 shape and its cache.
+struct SparseRow {
+  int64_t batch, q_len, heads;
+  const char* dtype;      // --dtype's names: bf16 (bf16 cache) or bf16-fp8 (per-tensor fp8 cache)
+  const char* kv_format;  // plain or fp8_ds_mla (with a bf16 query)
+  int64_t topk_len_mean;  // 0: no sparse_topk_lens, every entry counted
+};
+
+// The sparse table (issue 33): every row has seq_len 8192 per request, so each token's 2048 indices
+// are drawn from four times as many tokens, and --page-size's pages. The query is bf16 in every
+// row, so the three cache formats compare alone at B64 H16.
+constexpr int64_t kSparseSeqLen = 8192;
+constexpr int64_t kSparseTopK = 2048;
+
+std::vector<SparseRow> sparse_rows() {
+  return {
+      {128, 1, 128, "bf16", "fp8_ds_mla", 0},     // DeepSeek-V3.2 decode
+      {128, 2, 128, "bf16", "fp8_ds_mla", 0},     // one MTP draft token
+      {128, 1, 64, "bf16", "fp8_ds_mla", 0},      // heads split over two GPUs
+      {64, 1, 16, "bf16", "plain", 0},            // heads split over eight GPUs, each cache format
+      {64, 1, 16, "bf16-fp8", "plain", 0},        //
+      {64, 1, 16, "bf16", "fp8_ds_mla", 0},       //
+      {128, 1, 128, "bf16-fp8", "plain", 0},      // the per-tensor caches at full heads
+      {128, 1, 128, "bf16", "plain", 0},          //
+      {128, 1, 128, "bf16", "fp8_ds_mla", 1024},  // varied lens: mean 1024 of 2048
+  };
+}
+
+std::vector<Config> sparse_configs(const Config& base) {
+  std::vector<Config> out;
+  for (const SparseRow& row : sparse_rows()) {
+    Config c = base;
+    c.batch = row.batch;
+    c.q_len = row.q_len;
+    c.seq_len = kSparseSeqLen;
+    c.seq_sd = 0;
+    c.heads = row.heads;
+    c.dtype = row.dtype;
+    c.kv_format = row.kv_format;
+    c.top_k = kSparseTopK;
+    c.topk_len_mean = row.topk_len_mean;
+    out.push_back(c);
+  }
+  return out;
+}
+
 std::vector<Config> suite_of(const Config& c, bool gpu) {
   if (c.suite == "goals") return suite_configs(c, goal_rows(), gpu, false);
   if (c.suite == "sweep") return suite_configs(c, sweep_rows(), gpu, true);
+  if (c.suite == "sparse") return sparse_configs(c);
   return {c};
+}
+
+// The header of a suite's tables: its dtype, cache format and sparsity, or, for the sparse table,
+// what its rows share (each row names its own dtype and cache).
+std::string suite_header(const Config& c) {
+  if (c.suite == "sparse") {
+    return "seq_len " + std::to_string(kSparseSeqLen) + ", sparse top_k " +
+           std::to_string(kSparseTopK) + ", bf16 query, page " + std::to_string(c.page_size) +
+           ", cache per row";
+  }
+  return "dtype " + c.dtype + mode_text(c);
+}
+
+// "fp8_ds_mla", "bf16", "fp8 (per-tensor)": a configuration's cache format.
+std::string cache_name(const Config& c) {
+  if (c.kv_format != "plain") return c.kv_format;
+  if (c.dtype == "bf16-fp8" || c.dtype == "fp8") return "fp8 (per-tensor)";
+  return c.dtype;
 }
 
 // --list: the suite's configurations, one table row each, and nothing run. Iterations are those
@@ -1054,22 +1410,31 @@ std::vector<Config> suite_of(const Config& c, bool gpu) {
 void print_suite(const Config& c) {
   const bool gpu = c.backend != "cpu";
   const std::vector<Config> configs = suite_of(c, gpu);
-  Step s;
-  resolve_dtypes(c.dtype, s);
-  std::printf("suite %s: %zu configurations, dtype %s\n", c.suite.c_str(), configs.size(),
-              c.dtype.c_str());
-  std::printf("| # | batch | q_len | seq_len | heads | page | cache GiB | iterations |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  // The sparse table's rows differ in dtype, cache and lens, so they get columns of their own.
+  const bool sparse = c.suite == "sparse";
+  std::printf("suite %s: %zu configurations, %s\n", c.suite.c_str(), configs.size(),
+              suite_header(c).c_str());
+  std::printf("| # | batch | q_len | seq_len | heads | page |%s cache GiB | iterations |\n",
+              sparse ? " query | cache | top_k | topk lens |" : "");
+  std::printf("| --- | --- | --- | --- | --- | --- |%s --- | --- |\n",
+              sparse ? " --- | --- | --- | --- |" : "");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& k = configs[i];
+    Step s;
+    resolve_dtypes(k, s);
     const std::string varlen = k.seq_sd > 0 ? " varlen (sd " + std::to_string(k.seq_sd) + ")" : "";
+    const std::string lens =
+        k.topk_len_mean > 0 ? "mean " + std::to_string(k.topk_len_mean) : "all counted";
+    const std::string extra = !sparse ? ""
+                                      : " " + (k.dtype == "bf16-fp8" ? "bf16" : k.dtype) + " | " +
+                                            cache_name(k) + " | " + std::to_string(k.top_k) +
+                                            " | " + lens + " |";
     const double cache = static_cast<double>(k.batch) * static_cast<double>(k.seq_len) *
-                         (k.kv_lora_rank + k.rope_dim) *
-                         static_cast<double>(dtype_bytes(s.kv_dtype));
-    std::printf("| %zu | %lld | %lld | %lld%s | %lld | %lld | %.2f | %d |\n", i + 1,
+                         static_cast<double>(s.kv_row_bytes);
+    std::printf("| %zu | %lld | %lld | %lld%s | %lld | %lld |%s %.2f | %d |\n", i + 1,
                 static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
                 static_cast<long long>(k.seq_len), varlen.c_str(), static_cast<long long>(k.heads),
-                static_cast<long long>(k.page_size), cache / (1u << 30),
+                static_cast<long long>(k.page_size), extra.c_str(), cache / (1u << 30),
                 k.iters > 0 ? k.iters
                 : gpu       ? 100
                             : 5);
@@ -1087,7 +1452,9 @@ FILE* open_for_writing(const std::string& flag, const std::string& path) {
 
 int run(const Config& c) {
   if (c.list) {
-    if (c.suite.empty()) throw UsageError("--list: needs --suite goals or --suite sweep");
+    if (c.suite.empty()) {
+      throw UsageError("--list: needs --suite goals, --suite sweep or --suite sparse");
+    }
     print_suite(c);
     return 0;
   }
@@ -1150,17 +1517,32 @@ int run(const Config& c) {
       std::printf("note: %s\n", results.front().note.c_str());
     }
     // The goal table's pages are all 64; the sweep's differ, so it has a page column.
-    const bool pages = c.suite != "goals";
-    std::printf("suite %s, dtype %s\n", c.suite.c_str(), c.dtype.c_str());
+    // The sparse table's rows share their pages and differ in cache and lens instead.
+    const bool sparse = c.suite == "sparse";
+    const bool pages = c.suite == "sweep";
+    std::printf("suite %s, %s\n", c.suite.c_str(), suite_header(c).c_str());
     std::printf("| batch | q_len | seq_len | heads |%s median us | TFLOP/s | TB/s | check |\n",
-                pages ? " page |" : "");
-    std::printf("| --- | --- | --- | --- |%s --- | --- | --- | --- |\n", pages ? " --- |" : "");
+                pages    ? " page |"
+                : sparse ? " cache | keys per token |"
+                         : "");
+    std::printf("| --- | --- | --- | --- |%s --- | --- | --- | --- |\n", pages    ? " --- |"
+                                                                         : sparse ? " --- | --- |"
+                                                                                  : "");
     for (const Result& r : results) {
       const Config& k = r.config;
       // NOTE: a varlen row's drawn lengths have their own mean (the work measured), shown too.
       const std::string varlen =
           k.seq_sd > 0 ? " varlen (drawn mean " + std::to_string(r.mean_seq_len) + ")" : "";
-      const std::string page = pages ? " " + std::to_string(k.page_size) + " |" : "";
+      char keys[64];
+      std::snprintf(keys, sizeof(keys), "%.0f", r.mean_counted);
+      const std::string page =
+          pages ? " " + std::to_string(k.page_size) + " |"
+          : sparse
+              ? " " + cache_name(k) + " | " + keys +
+                    (k.topk_len_mean > 0 ? " (lens mean " + std::to_string(k.topk_len_mean) + ")"
+                                         : "") +
+                    " |"
+              : "";
       std::printf("| %lld | %lld | %lld%s | %lld |%s %.1f | %.1f | %.2f | %s |\n",
                   static_cast<long long>(k.batch), static_cast<long long>(k.q_len),
                   static_cast<long long>(k.seq_len), varlen.c_str(),

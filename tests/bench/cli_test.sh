@@ -61,22 +61,45 @@ expect 2 "--seed: expected an integer from 0 to 18446744073709551615, got '18446
   -- --seed 18446744073709551616
 expect 2 "--batch: needs a value" -- --backend cpu --batch
 
+expect 2 "--sparse-top-k: expected $int32, got '-1'" -- --sparse-top-k -1
+expect 2 "--sparse-top-k: expected $int32, got '2k'" -- --sparse-top-k 2k
+expect 2 "--topk-len-mean: expected an integer from 1 to 2147483647, got '0'" -- --topk-len-mean 0
+expect 2 "--topk-len-mean: needs a value" -- --sparse-top-k 64 --topk-len-mean
+
 # Names, files and the command line itself.
 expect 2 "--dtype: expected bf16, fp16, fp8, bf16-fp8 or fp32, got 'fp64'" -- --dtype fp64
 expect 2 "--backend: expected auto, sm90 or cpu, got 'gpu'" -- --backend gpu
-expect 2 "--suite: expected goals or sweep, got 'all'" -- --suite all
-expect 2 "--list: needs --suite goals or --suite sweep" -- --list
+expect 2 "--suite: expected goals, sweep or sparse, got 'all'" -- --suite all
+expect 2 "--list: needs --suite goals, --suite sweep or --suite sparse" -- --list
+expect 2 "--kv-format: expected plain or fp8_ds_mla, got 'fp8'" -- --kv-format fp8
 expect 2 "unknown option '--bogus'" -- --bogus
 expect 2 "unexpected argument 'foo'" -- foo
 expect 2 "--json-out: cannot open '$tmp/missing/x.json' for writing" -- \
   --backend cpu --json-out "$tmp/missing/x.json"
 expect 2 "--times-out: expected a file name, got '--json'" -- --times-out --json
 
+# Flags that cannot go together, in either order: refused before any work.
+expect 2 "--topk-len-mean 512: needs sparse mode (--sparse-top-k K, K > 0)" -- \
+  --backend cpu --topk-len-mean 512
+expect 2 "--topk-len-mean: expected a mean from 1 to --sparse-top-k 64, got '65'" -- \
+  --topk-len-mean 65 --sparse-top-k 64
+expect 2 "--kv-format fp8_ds_mla: needs --dtype bf16" "got --dtype fp16" -- \
+  --kv-format fp8_ds_mla --dtype fp16
+expect 2 "--kv-format fp8_ds_mla: needs --dtype bf16" "got --dtype bf16-fp8" -- \
+  --dtype bf16-fp8 --kv-format fp8_ds_mla
+expect 2 "--suite sparse: each row sets its own" "drop --dtype" -- --suite sparse --dtype bf16
+expect 2 "--suite sparse: each row sets its own" "drop --kv-format" -- \
+  --suite sparse --kv-format fp8_ds_mla --list
+expect 2 "--suite sparse: each row sets its own" "drop --sparse-top-k" -- \
+  --suite sparse --sparse-top-k 2048
+
 # Flags this machine or backend cannot run: refused before any work, still status 2.
 expect 2 "--suite goals: the table would run on the cpu backend" "--allow-cpu" -- \
   --suite goals --backend cpu
 expect 2 "--suite sweep: the table would run on the cpu backend" "--allow-cpu" -- \
   --suite sweep --backend cpu
+expect 2 "--suite sparse: the table would run on the cpu backend" "--allow-cpu" -- \
+  --suite sparse --backend cpu
 expect 2 "--suite sweep: the table would run on the cpu backend" -- \
   --suite sweep --backend cpu --dtype bf16-fp8 --json-out "$tmp/sweep.json"
 runs=$((runs + 1))
@@ -97,7 +120,24 @@ expect 0 "a no-op call: batch 0" "check:  none" -- --backend cpu --batch 0 --ite
 expect 0 '"no_op": true' '"requests": 0' -- --backend cpu --batch 0 --iters 2 --json
 expect 0 "bitwise equal" "over 2 iterations" "started" "finished in" -- \
   --backend cpu --batch 3 --seq-len 100 --heads 4 --q-len 2 --page-size 16 --iters 2 --warmup 0
-expect 0 "usage: mla-bench" "Exit status" -- --help
+expect 0 "usage: mla-bench" "Exit status" "--sparse-top-k K" "--topk-len-mean N" \
+  "--kv-format F" "--suite sparse" -- --help
+
+# Sparse and fp8_ds_mla runs on the cpu backend: each passes its check (the sampled requests re-run
+# alone, bitwise equal). Sparse counts only the entries a token counts: with seq_len 4 and q_len 2
+# the tokens see 3 and 4 keys, so 3.5 of the 512 entries on average (the rest is -1 padding).
+expect 0 "sparse top_k 64" "bitwise equal" "64.0 counted entries per query token" -- \
+  --backend cpu --batch 3 --seq-len 300 --heads 4 --q-len 2 --page-size 16 --iters 2 \
+  --sparse-top-k 64
+expect 0 "cache fp8_ds_mla" "bitwise equal" -- \
+  --backend cpu --batch 3 --seq-len 100 --heads 4 --q-len 2 --page-size 16 --iters 1 \
+  --kv-format fp8_ds_mla
+expect 0 '"kv_format": "fp8_ds_mla"' '"sparse_top_k": 96' '"topk_len_mean": 40' '"passed": true' \
+  -- --backend cpu --batch 4 --seq-len 200 --seq-sd 50 --heads 2 --q-len 3 --page-size 8 \
+  --iters 1 --kv-format fp8_ds_mla --sparse-top-k 96 --topk-len-mean 40 --json
+expect 0 '"mean_counted_entries": 3.500' '"passed": true' -- \
+  --backend cpu --batch 2 --seq-len 4 --heads 2 --q-len 2 --page-size 2 --iters 1 \
+  --sparse-top-k 512 --json
 
 # --suite sweep --list: a dry run (nothing measured, no GPU needed) that prints the sweep's shapes,
 # one table row each: at least 40, within the sweep's ranges (batch 1..1024, seq_len 512..262144,
@@ -106,6 +146,31 @@ expect 0 "usage: mla-bench" "Exit status" -- --help
 expect 0 "suite sweep: " "configurations, dtype bf16" -- --suite sweep --list
 expect 0 "dtype bf16-fp8" -- --suite sweep --list --dtype bf16-fp8
 expect 0 "suite goals: 10 configurations" -- --suite goals --list
+
+# --suite sparse --list: the sparse table's nine rows (issue 33), seq_len 8192 and top_k 2048 each:
+# B128 q1 H128, B128 q2 H128 and B128 q1 H64 in fp8_ds_mla; B64 q1 H16 in each cache format; H128
+# with the per-tensor fp8 and bf16 caches; B128 q1 H128 fp8_ds_mla with lens of mean 1024.
+runs=$((runs + 1))
+"$bench" --suite sparse --list >"$tmp/sparse" 2>&1
+# Rows: | # | batch | q_len | seq_len | heads | page | query | cache | top_k | topk lens | GiB | it |
+got=$(awk -F'|' '/^\| [0-9]/ {
+    for (i = 2; i <= 11; i++) gsub(/^ +| +$/, "", $i)
+    if ($5 != 8192 || $10 != 2048 || $8 != "bf16") print "bad row: " $0
+    print $3 " " $4 " " $6 " " $9 " " $11
+  }' "$tmp/sparse" | sort)
+want=$(printf '%s\n' "128 1 128 fp8_ds_mla all counted" "128 2 128 fp8_ds_mla all counted" \
+  "128 1 64 fp8_ds_mla all counted" "64 1 16 bf16 all counted" \
+  "64 1 16 fp8 (per-tensor) all counted" "64 1 16 fp8_ds_mla all counted" \
+  "128 1 128 fp8 (per-tensor) all counted" "128 1 128 bf16 all counted" \
+  "128 1 128 fp8_ds_mla mean 1024" | sort)
+if [ "$got" != "$want" ] || ! grep -q "^suite sparse: 9 configurations" "$tmp/sparse"; then
+  failures=$((failures + 1))
+  echo "FAIL: mla-bench --suite sparse --list:"
+  sed 's/^/  | /' "$tmp/sparse"
+  diff <(echo "$want") <(echo "$got") | sed 's/^/  diff: /'
+else
+  echo "ok:   mla-bench --suite sparse --list: the nine sparse rows"
+fi
 runs=$((runs + 1))
 "$bench" --suite sweep --list >"$tmp/list" 2>&1
 # Rows: | # | batch | q_len | seq_len [varlen (sd N)] | heads | page | cache GiB | iterations |
