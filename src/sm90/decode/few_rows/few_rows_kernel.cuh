@@ -83,11 +83,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     return;
   }
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (F::kFp8Cache) {
-    tma::init_fp8_ring_barriers<Traits>(smem, issuers);
-  } else {
-    tma::init_ring_barriers<Traits>(smem, issuers);
-  }
+  tma::init_ring_barriers<Traits, false, F::kFp8Cache>(smem, issuers);
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers

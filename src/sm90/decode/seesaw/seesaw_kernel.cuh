@@ -120,11 +120,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (F::kFp8Cache) {
-    tma::init_fp8_ring_barriers<Traits>(smem, issuers);
-  } else {
-    tma::init_ring_barriers<Traits, kPair>(smem, issuers);
-  }
+  tma::init_ring_barriers<Traits, kPair, F::kFp8Cache>(smem, issuers);
   // kPair: the other CTA of the cluster (tile blockIdx.x ^ 1) walks the same blocks.
   const uint32_t rank = kPair ? tma::cluster_ctarank() : 0;
 

@@ -23,13 +23,19 @@ __device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
 // The ring's barriers: one full barrier per chunk of each stage (one arrival per issuer, with its
 // transaction bytes), and per stage one empty barrier per consumer half (one arrive per consumer
 // warp; kPair: per consumer warp of both CTAs of the pair, whose producers both fill this ring).
-template <typename Traits, bool kPair = false>
+// kFp8: an e4m3 cache (fp8_ring.cuh): the issuers' boxes complete the chunk's `landed` barrier
+// instead, and `full` completes once the one warp that widens the chunk has arrived.
+template <typename Traits, bool kPair = false, bool kFp8 = false>
 __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
                                                    int issuers) {
+  static_assert(!(kPair && kFp8), "fp8 caches run unpaired");
   constexpr uint32_t kReleases = (kPair ? 2 : 1) * 128 / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
-      for (int c = 0; c < Traits::kChunks; ++c) mbar_init(&smem.full[s][c], issuers);
+      for (int c = 0; c < Traits::kChunks; ++c) {
+        mbar_init(&smem.full[s][c], kFp8 ? 1 : issuers);
+        if constexpr (kFp8) mbar_init(&smem.landed[s][c], issuers);
+      }
       mbar_init(&smem.empty_l[s], kReleases);
       mbar_init(&smem.empty_r[s], kReleases);
     }

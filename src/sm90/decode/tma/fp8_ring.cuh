@@ -43,26 +43,6 @@ inline constexpr uint32_t kLandingOffset = Traits::kKeys* Traits::kD;  // 2-byte
 template <typename Traits>
 inline constexpr uint32_t kFp8ChunkBytes = Traits::kKeys* Traits::kChunkCols;
 
-// The barriers of the fp8 ring: `full` (what the consumers wait for) completes once the warp that
-// widens the chunk has arrived; `landed` (one arrival per issuer, with its transaction bytes) once
-// the chunk's e4m3 boxes are in. Empty barriers as in init_ring_barriers.
-template <typename Traits>
-__device__ __forceinline__ void init_fp8_ring_barriers(typename Traits::SharedMemoryPlan& smem,
-                                                       int issuers) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Traits::kStages; ++s) {
-      for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], 1);  // the one warp that widens it
-        mbar_init(&smem.landed[s][c], issuers);
-      }
-      mbar_init(&smem.empty_l[s], 128 / 32);
-      mbar_init(&smem.empty_r[s], 128 / 32);
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
-}
-
 // Issues the e4m3 boxes of the run's blocks into the stages' landing areas: issuer `piece` (lane
 // `piece` of producer warp 0) loads page piece `piece` of every chunk, as produce_chunks does for
 // 16-bit caches, but only once both consumers have released the stage (its landing area holds V_R
