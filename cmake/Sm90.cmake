@@ -34,11 +34,23 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/few_rows/few_rows_bf16_fp8_r32.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r16.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r32.cu
+    # ... and its sparse instantiations (one file per (query, kv_cache) pair, both row counts).
+    src/sm90/decode/few_rows/few_rows_sparse_bf16.cu
+    src/sm90/decode/few_rows/few_rows_sparse_fp16.cu
+    src/sm90/decode/few_rows/few_rows_sparse_bf16_fp8.cu
+    src/sm90/decode/few_rows/few_rows_sparse_fp8_fp8.cu
+    src/sm90/decode/few_rows/few_rows_sparse_bf16_ds_mla.cu
     # seesaw/: the TMA + wgmma seesaw kernel (one file per (query, kv_cache) pair).
     src/sm90/decode/seesaw/seesaw_bf16.cu
     src/sm90/decode/seesaw/seesaw_fp16.cu
     src/sm90/decode/seesaw/seesaw_bf16_fp8.cu
     src/sm90/decode/seesaw/seesaw_fp8_fp8.cu
+    # ... and its sparse instantiations (one file per (query, kv_cache) pair).
+    src/sm90/decode/seesaw/seesaw_sparse_bf16.cu
+    src/sm90/decode/seesaw/seesaw_sparse_fp16.cu
+    src/sm90/decode/seesaw/seesaw_sparse_bf16_fp8.cu
+    src/sm90/decode/seesaw/seesaw_sparse_fp8_fp8.cu
+    src/sm90/decode/seesaw/seesaw_sparse_bf16_ds_mla.cu
     # schedule/: the plan kernel of the seesaw kernel's balanced schedule.
     src/sm90/decode/schedule/schedule_kernel.cu
     # combine/: merges the split partials into out and lse (one file per out dtype).

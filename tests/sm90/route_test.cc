@@ -149,6 +149,7 @@ std::string describe(const Route& r) {
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
   if (r.clean) s << " clean";
+  if (r.sparse) s << " sparse";
   if (r.combine) s << " combine";
   return s.str();
 }
@@ -205,9 +206,22 @@ TEST(Sm90Route, Table) {
        "few_rows splits=64 rows=16 combine"},
       {"fp8 cache, kv rows not 16-byte aligned",
        dense(4, 128, 1).dtypes(kBf16, kFp8).padded_kv_rows(8), "simt splits=9 combine"},
+      // Sparse calls: the same kernels with their blocks gathered by index, one tile per token's
+      // heads, on uniform splits; any page size.
+      {"sparse, B4 H128: 2 tiles per token", dense(4, 128, 1).sparse(2048),
+       "seesaw splits=16 tiles=2 sparse combine"},
+      {"sparse, B128 q2 H128: a split per token", dense(128, 128, 2).sparse(2048),
+       "seesaw splits=1 tiles=2 sparse"},
+      {"sparse, H64 with pages of 1", dense(4, 64, 1).sparse(2048).pages(1),
+       "seesaw splits=32 tiles=1 sparse combine"},
+      {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+       "few_rows splits=2 rows=16 sparse combine"},
+      {"sparse, fp8 query and cache, H32 q2: tiles of one token", dense(8, 32, 2).sparse(512).dtypes(kFp8, kFp8),
+       "few_rows splits=4 rows=32 sparse combine"},
+      {"sparse, kv rows not 16-byte aligned", dense(4, 128, 1).sparse(2048).padded_kv_rows(4),
+       "simt splits=8 combine"},
       // Everything else: the SIMT kernel.
       {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(), "simt splits=9 combine"},
-      {"sparse", dense(4, 128, 1).sparse(2048), "simt splits=8 combine"},
       {"pages of 8", dense(4, 128, 1).pages(8), "simt splits=9 combine"},
       {"kv rows not 16-byte aligned", dense(4, 128, 1).padded_kv_rows(4), "simt splits=9 combine"},
       // No query token: no decode kernel.

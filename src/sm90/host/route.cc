@@ -70,6 +70,27 @@ bool tma_shape_ok(const Problem& p, const Switches& sw) {
   return true;
 }
 
+// The shape part of the gather kernels' conditions for a sparse call (tma/gather.cuh: the few-rows
+// and seesaw kernels with their blocks gathered by index; any page size): L 512 and R 64, the
+// (query, kv_cache) pairs of tma::Formats with fp8_ds_mla, 16-byte-aligned cache rows and query
+// vectors (the rest, the data addresses, is checked at run time as for TMA).
+bool sparse_shape_ok(const Problem& p, const Switches& sw) {
+  if (sw.kernel == Switches::Kernel::kSimt || !p.sparse || p.L != kKvLoraRank ||
+      p.R != kRopeHeadDim) {
+    return false;
+  }
+  const bool ds_mla = p.kv_format == KvFormat::kFp8DsMla;
+  const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16 && !ds_mla;
+  const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
+  const bool fp8_cache = p.kv_dtype == dtype::kFloat8E4M3 &&
+                         (p.q_dtype == dtype::kBFloat16 || p.q_dtype == dtype::kFloat8E4M3);
+  if (!bf16 && !fp16 && !fp8_cache && !(ds_mla && p.q_dtype == dtype::kBFloat16)) return false;
+  const int64_t kv_bytes = p.kv_dtype.bits / 8, q_vec = 128 / p.q_dtype.bits;
+  if (p.kv_row_stride * kv_bytes % 16 != 0 || p.kv_page_stride * kv_bytes % 16 != 0) return false;
+  if (p.q.batch % q_vec != 0 || p.q.token % q_vec != 0 || p.q.head % q_vec != 0) return false;
+  return p.num_tokens <= 65535;  // grid.y
+}
+
 // Parts of the balanced schedule: one CTA per SM for each query-row tile of a request.
 int64_t schedule_parts(const Problem& p, int sms) {
   const int64_t parts = sms / tiles_of(p);
@@ -94,11 +115,21 @@ struct Family {
   bool few_rows = false;  // ... and the few-rows kernel takes it
   bool seesaw = false;    // ... or the seesaw kernel
   bool direct = false;    // the seesaw kernel's direct split (a call of one request)
+  bool sparse = false;    // a sparse call on the gather kernels (uniform splits, tiles per token)
 };
 
 Family family_of(const Problem& p, int sms, const Switches& sw) {
   Family f;
   if (p.num_tokens == 0) return f;  // no decode kernel
+  if (p.sparse) {
+    // One tile per query token (its heads: a token's entries are its own): the few-rows kernel up
+    // to few_rows::kMaxRows heads, the seesaw kernel above, both on uniform splits.
+    f.tma = f.sparse = sparse_shape_ok(p, sw);
+    f.few_rows = f.tma && p.num_heads <= ::mla::sm90::few_rows::kMaxRows &&
+                 sw.kernel != Switches::Kernel::kSeesaw;
+    f.seesaw = f.tma && !f.few_rows;
+    return f;
+  }
   f.tma = tma_shape_ok(p, sw);
   // The few-rows kernel takes requests of at most few_rows::kMaxRows query rows (H x max_q_len).
   // NOTE: there the seesaw kernel's 64-row tiles are mostly padding; the few-rows kernel does a
@@ -123,7 +154,16 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
 int64_t split_count(const Problem& p, const Family& f, int sms, int64_t max_splits, int64_t cap) {
   if (p.num_tokens == 0) return 1;
   int64_t splits = 1, max_blocks = 1;
-  if (f.tma) {
+  if (f.sparse) {
+    // One CTA per (token, tile of 64 heads), its keys the token's counted entries.
+    const int64_t tiles = f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows);
+    const int64_t ctas = p.num_tokens * tiles;
+    max_blocks = std::max<int64_t>(
+        1, ceil_div(std::min<int64_t>(p.top_k, p.max_seq_len), ::mla::sm90::kBlockKeys));
+    const int64_t min_blocks = f.few_rows ? 2 : 1;
+    splits =
+        std::clamp<int64_t>(sms / ctas, 1, std::min(ceil_div(max_blocks, min_blocks), kMaxSplits));
+  } else if (f.tma) {
     const int64_t ctas = p.batch * tiles_of(p);
     max_blocks = std::max<int64_t>(1, ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
     // NOTE: the few-rows kernel's two consumers take alternate blocks: a split of one block
@@ -150,7 +190,7 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   if (p.batch == 0) return l;
   l.splits = split_count(p, f, sms, sw.max_splits, cap);
   l.direct = p.num_tokens > 0 && f.direct;
-  l.scheduled = p.num_tokens > 0 && f.seesaw && !l.direct;
+  l.scheduled = p.num_tokens > 0 && f.seesaw && !l.direct && !f.sparse;
   int64_t rows = 0;
   if (l.scheduled) {
     l.parts = std::min(schedule_parts(p, sms), cap);
@@ -208,7 +248,13 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
   if (p.num_tokens == 0) return r;  // kNone
   if (f.few_rows) {
     r.kernel = Kernel::kFewRows;
-    r.few_rows = p.max_q_len * p.num_heads <= 16 ? 16 : 32;
+    r.sparse = f.sparse;
+    const int64_t rows = f.sparse ? p.num_heads : p.max_q_len * p.num_heads;  // per tile
+    r.few_rows = rows <= 16 ? 16 : 32;
+  } else if (f.sparse && f.seesaw) {
+    r.kernel = Kernel::kSeesaw;
+    r.sparse = true;
+    r.tiles = static_cast<int>(ceil_div(p.num_heads, tma::kTileRows));  // per token
   } else if (r.layout.scheduled || r.layout.direct) {
     r.kernel = Kernel::kSeesaw;
     r.tiles = static_cast<int>(tiles_of(p));
@@ -247,6 +293,7 @@ Route simt_fallback(Route r) {
   r.kernel = Kernel::kSimt;
   r.few_rows = 0;
   r.tiles = 0;
+  r.sparse = false;
   r.pair = r.clean = false;
   r.combine = r.layout.splits > 1;
   return r;

@@ -17,8 +17,10 @@ namespace mla::detail::sm90 {
 enum class Kernel {
   kNone,     // no query token (B = 0 or T = 0): no decode kernel (the checked mode still checks)
   kSimt,     // decode/simt/: every call the TMA kernels do not take
-  kFewRows,  // decode/few_rows/: TMA + wgmma, requests of at most 32 query rows (H x max_q_len)
-  kSeesaw,   // decode/seesaw/: TMA + wgmma, on the balanced schedule or the direct split
+  kFewRows,  // decode/few_rows/: TMA + wgmma, requests of at most 32 query rows (H x max_q_len);
+             // sparse: tokens of at most 32 heads
+  kSeesaw,   // decode/seesaw/: TMA + wgmma, on the balanced schedule or the direct split; sparse:
+             // uniform splits of tiles of 64 of a token's heads
 };
 
 // The workspace (bytes; every piece 256-byte aligned):
@@ -55,7 +57,10 @@ struct Route {
   // one split (uniform layout), where the decode kernel writes out and lse itself.
   bool combine = false;
   int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
-  int tiles = 0;     // kSeesaw: query-row tiles of 64 per request (the grid's x)
+  int tiles = 0;     // kSeesaw: query-row tiles of 64 per request (the grid's x); sparse: per token
+  // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index
+  // (tma/gather.cuh), on uniform splits.
+  bool sparse = false;
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
   // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
   bool pair = false;

@@ -315,6 +315,40 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
            "backend sm90: no seesaw kernel for this (query, kv_cache) pair");
 }
 
+// The sparse instantiations of both kernels (tma/gather.cuh) for the pairs of tma::Formats with
+// fp8_ds_mla: the seesaw kernel (route.tiles tiles per token) or the few-rows kernel of N rows.
+template <Elem Q, Elem KV>
+cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cudaStream_t stream,
+                             bool pdl) {
+  if (route.kernel == Kernel::kSeesaw) {
+    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, stream, pdl);
+  }
+  return route.few_rows == 16 ? few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl)
+                              : few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl);
+}
+
+cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const Route& route,
+                          cudaStream_t stream, bool pdl) {
+  using E = Elem;
+  if (q == E::kBf16 && kv == E::kBf16) {
+    return launch_sparse_as<E::kBf16, E::kBf16>(k, route, stream, pdl);
+  }
+  if (q == E::kFp16 && kv == E::kFp16) {
+    return launch_sparse_as<E::kFp16, E::kFp16>(k, route, stream, pdl);
+  }
+  if (q == E::kBf16 && kv == E::kFp8E4M3) {
+    return launch_sparse_as<E::kBf16, E::kFp8E4M3>(k, route, stream, pdl);
+  }
+  if (q == E::kFp8E4M3 && kv == E::kFp8E4M3) {
+    return launch_sparse_as<E::kFp8E4M3, E::kFp8E4M3>(k, route, stream, pdl);
+  }
+  if (q == E::kBf16 && kv == E::kFp8DsMla) {
+    return launch_sparse_as<E::kBf16, E::kFp8DsMla>(k, route, stream, pdl);
+  }
+  MLA_FAIL(ErrorCode::kUnsupported,
+           "backend sm90: no sparse gather kernel for this (query, kv_cache) pair");
+}
+
 // Launches the route's decode kernel; `k` is the call's parameters in the uniform layout, to which
 // the balanced schedule's pieces are added where the seesaw kernel runs on it (the combine then
 // reads them too).
@@ -322,6 +356,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                           DecodeKernelParams& k, const CUtensorMap& kv_map, uint8_t* workspace,
                           cudaStream_t stream, bool pdl) {
   k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
+  if (route.sparse) return launch_sparse(q, kv, k, route, stream, pdl);
   switch (route.kernel) {
     case Kernel::kFewRows:
       return route.few_rows == 16 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl)
@@ -388,8 +423,11 @@ void run(const Problem& p, const DecodeParams& prm) {
   const Elem q = elem_of(p.q_dtype);
   const Elem kv = p.kv_format == KvFormat::kFp8DsMla ? Elem::kFp8DsMla : elem_of(p.kv_dtype);
   CUtensorMap kv_map;
-  if ((route.kernel == Kernel::kFewRows || route.kernel == Kernel::kSeesaw) &&
-      !tma_ready(k, kv, &kv_map)) {
+  // Sparse calls gather with 16-byte copies: 16-byte-aligned query and kv_cache, no tensor map.
+  const bool ready = route.sparse ? reinterpret_cast<uintptr_t>(k.query) % 16 == 0 &&
+                                        reinterpret_cast<uintptr_t>(k.kv) % 16 == 0
+                                  : tma_ready(k, kv, &kv_map);
+  if ((route.kernel == Kernel::kFewRows || route.kernel == Kernel::kSeesaw) && !ready) {
     route = simt_fallback(route);
     k.num_splits = static_cast<int32_t>(route.layout.splits);
   }

@@ -29,6 +29,7 @@
 #include "sm90/decode/output.cuh"
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/fp8_ring.cuh"
+#include "sm90/decode/tma/gather.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 
@@ -50,7 +51,10 @@ __device__ __forceinline__ constexpr int col_slot(int v) { return (v & 1) | ((v 
 
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
-template <Elem Q, Elem KV, int kRowsN>
+// kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
+// gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
+// every row unless it is -1.
+template <Elem Q, Elem KV, int kRowsN, bool kSparse>
 __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
@@ -68,11 +72,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
-  const tma::TileWork w = tma::resolve_tile(p);
+  static_assert(kSparse || KV != Elem::kFp8DsMla, "fp8_ds_mla: sparse calls only");
+  const tma::TileWork w = kSparse ? tma::resolve_sparse_tile(p, 0) : tma::resolve_tile(p);
   if (w.row0 >= w.rows) return;  // a request without query rows
   const int64_t partial_row0 =
-      (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads;
-  const int tile_rows = min(kRows, w.rows);
+      (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
+  const int tile_rows = min(kRows, w.rows - w.row0);
 
   if (w.block_begin >= w.block_end) {  // an empty split
     if (w.whole) {
@@ -82,8 +87,14 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     }
     return;
   }
+  // The producer warpgroup's registers: 56 where it widens or gathers.
+  constexpr bool kWideProducer = F::kFp8Cache || kSparse;
   const int issuers = tma::producer_issuers<Traits>(p);
-  tma::init_ring_barriers<Traits, false, F::kFp8Cache>(smem, issuers);
+  if constexpr (kSparse) {
+    tma::init_gather_barriers<Traits, KV>(smem);
+  } else {
+    tma::init_ring_barriers<Traits, false, F::kFp8Cache>(smem, issuers);
+  }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
   // consumer index, its stage addresses and the GMMA descriptors then live in uniform registers
@@ -92,8 +103,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
-    tma::regs_dealloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kProducer>();
-    if constexpr (F::kFp8Cache) {
+    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
+    if constexpr (kSparse) {
+      tma::gather_blocks<Traits, KV>(p, w, smem, threadIdx.x, 0, 0);
+      return;
+    } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
       if (threadIdx.x < issuers) {
         tma::prefetch_tensor_map(&kv_map);
@@ -113,7 +127,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kConsumer>();
+  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer>::kConsumer>();
   const int cw = wg - 1;                    // consumer index: its block parity and stage
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
@@ -153,15 +167,17 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // col_slot(v) == s. A row attends keys j < limit (and, with a custom mask, the mask rule).
   auto my_col = [&](int s) { return 2 * (lane & 3) + (s & 1) + 8 * (s >> 1); };
   const int first_query = w.seq_len - w.n;
+  // Sparse: every row counts the token's entries [0, extent).
   auto limit_of = [&](int r) {
-    if (r >= tile_rows) return w.extent;  // padding: zero scores, a column nobody reads
+    if (kSparse || r >= tile_rows) return w.extent;  // padding: zero scores, a column nobody reads
     if (p.mask != nullptr) return w.seq_len;
     return max(0, first_query + r / p.num_heads + 1);
   };
   // The first key some row of the tile does not attend (with a mask: the first draft key). Blocks
   // past it take the masked path in every thread, and their V rows from it on are cleaned
-  // (tma::clean_v_rows).
-  const int tile_limit = max(0, p.mask != nullptr ? first_query : first_query + 1);
+  // (tma::clean_v_rows). Sparse: the gather lands keys past the extent and -1 entries as zeros.
+  const int tile_limit =
+      kSparse ? w.extent : max(0, p.mask != nullptr ? first_query : first_query + 1);
   int min_limit = tile_limit;
 #pragma unroll
   for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_col(s)));
@@ -172,7 +188,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     rule.limit = limit_of(r);
     rule.first_query = first_query;
     rule.mask = nullptr;
-    if (p.mask != nullptr && r < tile_rows) {
+    if (!kSparse && p.mask != nullptr && r < tile_rows) {
       const int i = r / p.num_heads;
       const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
       rule.mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
@@ -182,9 +198,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
-  const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
+  // Skip-softmax threshold f / seq_len (sparse: the token's counted entries).
+  const int skip_len = kSparse ? w.extent : w.seq_len;
+  const bool skip_softmax = p.skip_softmax_factor > 0.0f && skip_len > 0;
   const float skip_threshold =
-      skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(w.seq_len)) : 0.0f;
+      skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len)) : 0.0f;
 
   float col_max[kCols], col_sum[kCols];  // this consumer's running max (base 2), own-key sums
 #pragma unroll
@@ -217,7 +235,15 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // ---- mask; column max over the block's keys (scaled, base 2) ----
     // NOTE: where every row of the thread attends every key of the block, S^T stays unscaled and
     // the scale goes into P's FFMA (docs/sm90-seesaw.md, Softmax).
-    const bool unmasked = p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= min_limit;
+    // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
+    uint64_t absent = 0;  // bit k: key key0 + k is -1
+    if constexpr (kSparse) {
+      absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
+                << 32) |
+               __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+    }
+    const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
+                          key0 + kKeys <= min_limit && absent == 0;
     const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
     float block_max[kCols];
 #pragma unroll
@@ -238,7 +264,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
           // turn (contract section 1; the key's V row may have been cleaned).
           float x = kNegInf;
-          if (rule.attends(j)) {
+          if (rule.attends(j) && ((absent >> get<0>(tScS(v))) & 1) == 0) {
             x = tSrS(v) * score_scale;
             if (x == kNegInf) x = __int_as_float(0x7fffffff);
           }
@@ -316,7 +342,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       const int valid = min(kKeys, w.extent - key0);
       // From the first key some row of the tile does not attend (tile_limit).
       const int clean0 = min(valid, max(0, tile_limit - key0));
-      if (clean0 < kKeys) {
+      if (!kSparse && clean0 < kKeys) {
         tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
                           clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid,
                           128);
@@ -452,11 +478,24 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
                             cudaStream_t stream, bool pdl) {
   using Traits = FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRows>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(1, params.batch, params.num_splits);
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
+}
+
+template <Elem Q, Elem KV, int kRows>
+cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream,
+                                   bool pdl) {
+  using Traits = FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRows>;
+  constexpr size_t smem = Traits::kSmemBytes;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, true>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(1, params.num_tokens, params.num_splits);
+  const CUtensorMap unused{};  // the gather reads the cache through params.kv
+  return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, unused);
 }
 
 }  // namespace mla::sm90::few_rows

@@ -41,6 +41,7 @@
 #include "sm90/decode/seesaw/traits.h"
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/fp8_ring.cuh"
+#include "sm90/decode/tma/gather.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 
@@ -96,7 +97,10 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
 // run without the extra code.
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
-template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean>
+// kSparse: a sparse call, one segment per CTA (tma::SparseCursor: query-row tile blockIdx.x of
+// token blockIdx.y's heads, split blockIdx.z), its blocks gathered by index (tma/gather.cuh); the
+// keys are the token's counted entries, each attended by every row unless it is -1.
+template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -105,7 +109,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Traits = SeesawTraits<F::kCompute>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
-  using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
+  using Cursor = std::conditional_t<
+      kSparse, tma::SparseCursor, std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
+  static_assert(!kSparse || !(kDirect || kPair || kClean), "sparse calls: their own cursor");
+  static_assert(kSparse || KV != Elem::kFp8DsMla, "fp8_ds_mla: sparse calls only");
+  // The producer warpgroup's registers: 56 where it widens or gathers.
+  constexpr bool kWideProducer = F::kFp8Cache || kSparse;
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
@@ -120,7 +129,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  tma::init_ring_barriers<Traits, kPair, F::kFp8Cache>(smem, issuers);
+  if constexpr (kSparse) {
+    tma::init_gather_barriers<Traits, KV>(smem);
+  } else {
+    tma::init_ring_barriers<Traits, kPair, F::kFp8Cache>(smem, issuers);
+  }
   // kPair: the other CTA of the cluster (tile blockIdx.x ^ 1) walks the same blocks.
   const uint32_t rank = kPair ? tma::cluster_ctarank() : 0;
 
@@ -132,8 +145,15 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
-    tma::regs_dealloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kProducer>();
-    if constexpr (F::kFp8Cache) {
+    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
+    if constexpr (kSparse) {
+      uint32_t used0, used1;
+      tma::walk_segments<Cursor>(p, used0, used1,
+                                 [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+                                   tma::gather_blocks<Traits, KV>(p, w, smem, threadIdx.x, u0, u1);
+                                 });
+      return;
+    } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
       const bool issuer = threadIdx.x < issuers;
       if (threadIdx.x >= 32 || issuer) {
@@ -165,7 +185,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<tma::RegisterSplit<Traits, F::kFp8Cache>::kConsumer>();
+  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer>::kConsumer>();
   const int cw = wg - 1;                    // consumer index: its block parity and O half
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
@@ -263,6 +283,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       rule[s].mask = nullptr;
       if (!row_valid[s]) {
         rule[s].limit = 0;
+      } else if (kSparse) {
+        rule[s].limit = w.extent;  // the token's counted entries
       } else if (p.mask != nullptr) {
         rule[s].limit = w.seq_len;
         const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
@@ -286,9 +308,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
     if constexpr (kClean) unmasked_limit = min(unmasked_limit, tile_limit);
 
-    const bool skip_softmax = p.skip_softmax_factor > 0.0f && w.seq_len > 0;
+    // Skip-softmax threshold f / seq_len (sparse: the token's counted entries).
+    const int skip_len = kSparse ? w.extent : w.seq_len;
+    const bool skip_softmax = p.skip_softmax_factor > 0.0f && skip_len > 0;
     const float skip_threshold =
-        skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(w.seq_len)) : 0.0f;
+        skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len)) : 0.0f;
 
     float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
     float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
@@ -401,8 +425,15 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         // ---- mask; row max over the block (scaled, base 2) ----
         // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
         // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
-        const bool unmasked =
-            p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+        // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
+        uint64_t absent = 0;  // bit k: key key0 + k is -1
+        if constexpr (kSparse) {
+          absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
+                    << 32) |
+                   __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+        }
+        const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
+                              key0 + kKeys <= unmasked_limit && absent == 0;
         const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
         float block_max[2] = {kNegInf, kNegInf};
         if (unmasked) {
@@ -425,6 +456,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                 s = tSrS(v) * score_scale;
                 if (s == kNegInf) s = __int_as_float(0x7fffffff);
               }
+            } else if constexpr (kSparse) {
+              s = rule[slot].attends(j) && ((absent >> get<1>(tScS(v))) & 1) == 0
+                      ? tSrS(v) * score_scale
+                      : kNegInf;
             } else {
               s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
             }
@@ -506,7 +541,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           }
           // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
           // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-          const int valid = min(kKeys, w.extent - key0);
+          // kSparse: the gather lands keys past the extent as zeros: nothing to clean.
+          const int valid = kSparse ? kKeys : min(kKeys, w.extent - key0);
           // kClean: from the first key some row of the tile does not attend (tile_limit).
           const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
           if constexpr (kClean) {
@@ -778,6 +814,21 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   if (err != cudaSuccess) return err;
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
                             params, kv_map);
+}
+
+
+template <Elem Q, Elem KV>
+cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles,
+                                 cudaStream_t stream, bool pdl) {
+  using Traits = SeesawTraits<tma::Formats<Q, KV>::kCompute>;
+  constexpr size_t smem = Traits::kSmemBytes;
+  auto* kernel = &seesaw_kernel<Q, KV, false, false, false, true>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(num_tiles, params.num_tokens, params.num_splits);
+  const CUtensorMap unused{};  // the gather reads the cache through params.kv
+  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, 1u, params,
+                            unused);
 }
 
 }  // namespace mla::sm90::seesaw

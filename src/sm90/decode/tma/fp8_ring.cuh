@@ -19,10 +19,12 @@ namespace mla::sm90::tma {
 
 // The storage formats of one TMA-kernel instantiation and the 16-bit type its GEMMs run in: a bf16
 // query keeps bf16 GEMMs (an fp8 cache is widened to bf16); an fp8 query runs fp16 GEMMs (e4m3
-// values are exact in fp16 as in bf16, and fp16 keeps 3 more bits of P).
+// values are exact in fp16 as in bf16, and fp16 keeps 3 more bits of P). fp8_ds_mla (sparse
+// calls, gathered: gather.cuh) has a bf16 query and bf16 GEMMs; kFp8Cache is the TMA fp8 ring's.
 template <Elem Q, Elem KV>
 struct Formats {
-  static_assert((Q == KV && Q != Elem::kFp8DsMla) || (Q == Elem::kBf16 && KV == Elem::kFp8E4M3),
+  static_assert((Q == KV && Q != Elem::kFp8DsMla) ||
+                    (Q == Elem::kBf16 && (KV == Elem::kFp8E4M3 || KV == Elem::kFp8DsMla)),
                 "the (query, kv_cache) pairs of the contract that the TMA kernels take");
   static constexpr bool kFp8Query = Q == Elem::kFp8E4M3;
   static constexpr bool kFp8Cache = KV == Elem::kFp8E4M3;

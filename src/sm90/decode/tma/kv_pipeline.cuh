@@ -24,6 +24,9 @@ struct TileWork {
   int block_begin;  // this split's run of 64-key blocks
   int block_end;
   bool whole;  // balanced schedule: one segment covers the request (the CTA writes out and lse)
+  // Sparse mode (one query token per tile): the token's sparse_indices row; the tile's keys are
+  // its counted entries [0, extent) (contract section 2.2), rows [row0, rows) its heads.
+  const int32_t* slots = nullptr;
 };
 
 // The keys a tile's rows may attend: w.seq_len and w.extent from w.b, w.n and w.row0. Returns the
@@ -59,6 +62,67 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   w.whole = p.direct_out != 0;  // one split (the host's choice): the CTA writes out and lse
   return w;
 }
+
+// The tile of a sparse call (one query token's heads): token blockIdx.y (global index t),
+// query-row tile `tile` of its H heads (rows token * H + 64 tile .. of the request), split
+// blockIdx.z of num_splits equal runs of the 64-key blocks over its counted entries
+// min(top_k, topk_len, seq_len - n_b + i + 1) (contract section 2.2; the SIMT kernel's rule).
+// w.rows is the row after the token's last head, so that rows - row0 is the tile's row count.
+__device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile) {
+  TileWork w;
+  const int t = blockIdx.y;
+  int b;
+  if (p.cum_seq_lens_q != nullptr) {
+    // The request whose range [cum[b], cum[b + 1]) holds t: the last b with cum[b] <= t.
+    int lo = 0, hi = p.batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.cum_seq_lens_q[mid] <= t) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    b = lo;
+  } else {
+    b = t / p.q_len;
+  }
+  resolve_request(p, b, w);
+  const int i = t - w.token0;
+  w.row0 = i * p.num_heads + tile * kTileRows;
+  w.rows = (i + 1) * p.num_heads;
+  w.seq_len = p.seq_lens[b];
+  const int row = p.cum_seq_lens_q != nullptr ? t : i;  // per-token tensors' row (ragged: t)
+  int count = p.top_k;
+  if (p.topk_lens != nullptr) count = min(count, p.topk_lens[b * p.tl_batch + row * p.tl_token]);
+  w.extent = max(0, min(count, w.seq_len - w.n + i + 1));
+  w.slots = p.sparse_indices + b * p.si_batch + static_cast<int64_t>(row) * p.si_token;
+  const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
+  const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
+  w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
+  w.block_end = min(num_blocks, w.block_begin + per_split);
+  w.whole = p.direct_out != 0;
+  return w;
+}
+
+// The one segment of a CTA of a sparse call on the seesaw kernel (resolve_sparse_tile with tile
+// blockIdx.x): partial rows in the uniform layout [split, T, H].
+struct SparseCursor {
+  bool done;
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams&) { done = false; }
+
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
+                                       int64_t& partial_row0) {
+    if (done) return false;
+    done = true;
+    w = resolve_sparse_tile(p, blockIdx.x);
+    if (w.row0 >= w.rows) return false;  // a tile past the token's heads
+    partial_row0 = (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads +
+                   w.row0;
+    return true;
+  }
+};
 
 // The segments of one CTA of the balanced schedule (params.h, schedule::Request): part blockIdx.y,
 // query-row tile blockIdx.x, in request order. The producer and the consumers walk the same list.

@@ -1,5 +1,5 @@
-// PTX wrappers of the TMA kernels: mbarriers, bulk tensor copies (TMA), named barriers, proxy
-// fences and register reallocation. Hopper (sm_90a) only.
+// PTX wrappers of the TMA kernels: mbarriers, bulk tensor copies (TMA), cp.async copies, named
+// barriers, proxy fences and register reallocation. Hopper (sm_90a) only.
 #pragma once
 
 #include <cuda.h>
@@ -199,6 +199,32 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
   asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
+}
+
+// ---- cp.async (16-byte and 4-byte copies, no registers; the gather producer: gather.cuh) ----
+
+// `bytes` (16 or 0) of src into dst, the rest zero-filled: 0 reads nothing and writes 16 zeros.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+
+// `bytes` (4 or 0) of src into dst, the rest zero-filled.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // ---- math ----

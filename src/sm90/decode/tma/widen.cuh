@@ -39,4 +39,27 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& 
   hi.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.w >> 16));
 }
 
+// Two e4m3 values times `scale` as two bf16 values, each rounded once (the fp8_ds_mla cache: the
+// e4m3 value and its fp32 scale multiply exactly in fp32, the product rounds to bf16).
+__device__ __forceinline__ uint32_t widen_scaled_e4m3x2(uint16_t two, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  uint32_t word;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(f.y * scale), "f"(f.x * scale));
+  return word;
+}
+
+// 16 e4m3 values times `scale` as 16 bf16 values: the low 8 in `lo`, the high 8 in `hi`.
+__device__ __forceinline__ void widen_scaled_e4m3x16(const uint4& v, float scale, uint4& lo,
+                                                     uint4& hi) {
+  lo.x = widen_scaled_e4m3x2(static_cast<uint16_t>(v.x), scale);
+  lo.y = widen_scaled_e4m3x2(static_cast<uint16_t>(v.x >> 16), scale);
+  lo.z = widen_scaled_e4m3x2(static_cast<uint16_t>(v.y), scale);
+  lo.w = widen_scaled_e4m3x2(static_cast<uint16_t>(v.y >> 16), scale);
+  hi.x = widen_scaled_e4m3x2(static_cast<uint16_t>(v.z), scale);
+  hi.y = widen_scaled_e4m3x2(static_cast<uint16_t>(v.z >> 16), scale);
+  hi.z = widen_scaled_e4m3x2(static_cast<uint16_t>(v.w), scale);
+  hi.w = widen_scaled_e4m3x2(static_cast<uint16_t>(v.w >> 16), scale);
+}
+
 }  // namespace mla::sm90::tma

@@ -1,0 +1,302 @@
+// The K-block ring of the TMA kernels filled by gathering cache rows by index (sparse calls): no
+// TMA box gathers rows, so the four producer warps copy each block's 64 rows with cp.async, 16
+// bytes at a time, straight into the layouts the consumers read (docs/sm90-sparse.md). The
+// consumers' code is the dense kernels' own: they wait on the same full barriers.
+//
+// - 16-bit rows land in the stage's 128-byte-swizzled chunks directly.
+// - e4m3 rows (per-tensor fp8, and fp8_ds_mla's 512 latent values) land unswizzled in the upper
+//   half of their own chunk's 16-bit region, and the warp that copied a chunk widens it in place
+//   (rows 0..31 into the free lower half first, then rows 32..63 over the landing bytes, all of
+//   them read before the first write). No chunk touches another chunk's region, so each warp
+//   widens its chunks alone, without a barrier between warps.
+// - fp8_ds_mla: the 64 bf16 rope values land in the rope chunk directly; each latent value is
+//   multiplied by its group's fp32 scale as it widens, rounded once to bf16.
+// Each thread waits for its own copies (cp.async.wait_group), fences them for the async proxy
+// (the consumers' wgmma operand reads), and its warp arrives on the chunks' full barriers. The
+// block's entries land in `slot[stage]` too, where the consumers find which keys are -1.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+#include "sm90/decode/tma/widen.cuh"
+
+namespace mla::sm90::tma {
+
+// How a cache row of format KV is gathered.
+template <Elem KV>
+struct GatherFormat {
+  static constexpr bool kDsMla = KV == Elem::kFp8DsMla;
+  // Lands as e4m3 and is widened: per-tensor fp8 (all 9 chunks) and fp8_ds_mla (the 8 latent
+  // chunks; its rope chunk is bf16).
+  static constexpr bool kE4m3 = KV == Elem::kFp8E4M3 || kDsMla;
+  static constexpr int kElemBytes = kE4m3 ? 1 : 2;  // of kv_page_stride and kv_row_stride
+};
+
+// fp8_ds_mla's row: 512 e4m3 latent values, 4 fp32 scales (one per 128 values), 64 bf16 rope
+// values (docs/contract.md section 1).
+inline constexpr int kDsMlaScaleOffset = 512;
+inline constexpr int kDsMlaRopeOffset = 528;
+
+// Arrivals that complete chunk c's full barrier: one per producer warp (16-bit rows), the one warp
+// that widens it (e4m3 chunks), or warps 0 and 1 (fp8_ds_mla's rope chunk, which they copy).
+template <typename Traits, Elem KV>
+__host__ __device__ constexpr uint32_t gather_full_arrivals(int c) {
+  if constexpr (!GatherFormat<KV>::kE4m3) {
+    return 4;
+  } else if constexpr (GatherFormat<KV>::kDsMla) {
+    return c == Traits::kChunks - 1 ? 2 : 1;
+  } else {
+    return 1;
+  }
+}
+
+// The ring's barriers for the gather producer (init_ring_barriers' counterpart, unpaired): full
+// barriers counted by gather_full_arrivals, one empty arrive per consumer warp.
+template <typename Traits, Elem KV>
+__device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemoryPlan& smem) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Traits::kStages; ++s) {
+      for (int c = 0; c < Traits::kChunks; ++c) {
+        mbar_init(&smem.full[s][c], gather_full_arrivals<Traits, KV>(c));
+      }
+      mbar_init(&smem.empty_l[s], 4);
+      mbar_init(&smem.empty_r[s], 4);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+}
+
+// The cache row of `slot` (page * page_size + offset): its byte offset from p.kv in 16-byte units
+// (the route takes only 16-byte-aligned rows; 32 bits reach 64 GB), 0 for slot -1.
+__device__ __forceinline__ uint32_t slot_row16(const DecodeKernelParams& p, int slot,
+                                               int elem_bytes) {
+  if (slot < 0) return 0;
+  const int64_t e = static_cast<int64_t>(slot >> p.page_shift) * p.kv_page_stride +
+                    static_cast<int64_t>(slot & (p.page_size - 1)) * p.kv_row_stride;
+  return static_cast<uint32_t>(e * elem_bytes / 16);
+}
+
+__device__ __forceinline__ const uint8_t* row_at(const DecodeKernelParams& p, uint32_t row16) {
+  return static_cast<const uint8_t*>(p.kv) + static_cast<uint64_t>(row16) * 16;
+}
+
+// Gathers the run's blocks, block `it` into stage it % 2 (phases from used0 and used1 as in
+// produce_chunks); `tid` 0..127 over the producer warpgroup. Keys past w.extent and entries of
+// -1 land as zeros (their V rows are then 0; the consumers mask their scores).
+// Per block each thread issues its copies (after the stage's release), then waits for the
+// previous block's and finishes it (widening, fence, arrive): two blocks in flight.
+template <typename Traits, Elem KV>
+__device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const TileWork& w,
+                                              typename Traits::SharedMemoryPlan& smem, int tid,
+                                              uint32_t used0, uint32_t used1) {
+  using G = GatherFormat<KV>;
+  static_assert(Traits::kStages == 2 && Traits::kKeys == 64 && Traits::kChunks == 9,
+                "two stages of 64 keys x 9 chunks of 64 columns");
+  constexpr int kKeys = Traits::kKeys;
+  constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
+  const int warp = tid >> 5, lane = tid & 31;
+  const int num_blocks = w.block_end - w.block_begin;
+  if (num_blocks <= 0) return;
+  auto phase_of = [&](int it) {
+    return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1;
+  };
+  auto entry = [&](int key) { return key < w.extent ? __ldg(w.slots + key) : -1; };
+
+  if constexpr (!G::kE4m3) {
+    // ---- 16-bit rows: warp w copies rows 16 w .. 16 w + 15 of every chunk; lane l rows
+    // 16 w + l / 8 + 4 j (j < 4), piece l % 8 of each chunk row ----
+    const int q = lane & 7;
+    const int r0 = 16 * warp + (lane >> 3);
+    auto issue = [&](int it) {
+      const int stage = it & 1;
+      const uint32_t phase = phase_of(it);
+      const int key0 = (w.block_begin + it) * kKeys;
+      uint32_t row16[4], n[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int slot = entry(key0 + r0 + 4 * j);
+        row16[j] = slot_row16(p, slot, 2);
+        n[j] = slot >= 0 ? 16u : 0u;
+      }
+      uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+      auto copy_chunk = [&](int c) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = r0 + 4 * j;
+          cp_async_16(bytes + c * kChunkBytes + r * 128 + ((q ^ (r & 7)) << 4),
+                      row_at(p, row16[j]) + c * 128 + 16 * q, n[j]);
+        }
+      };
+      mbar_wait(&smem.empty_l[stage], phase ^ 1);
+      if (q == 0) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int key = key0 + r0 + 4 * j;
+          cp_async_4(&smem.slot[stage][r0 + 4 * j], key < w.extent ? w.slots + key : w.slots,
+                     key < w.extent ? 4u : 0u);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < Traits::kLeftChunks; ++c) copy_chunk(c);
+      mbar_wait(&smem.empty_r[stage], phase ^ 1);
+#pragma unroll
+      for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) copy_chunk(c);
+      cp_async_commit();
+    };
+    auto finish = [&](int it) {
+      fence_proxy_async_smem();
+      __syncwarp();
+      if (cute::elect_one_sync()) {
+#pragma unroll
+        for (int c = 0; c < Traits::kChunks; ++c) mbar_arrive(&smem.full[it & 1][c]);
+      }
+    };
+    issue(0);
+#pragma unroll 1
+    for (int it = 0; it < num_blocks; ++it) {
+      if (it + 1 < num_blocks) {
+        issue(it + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      finish(it);
+    }
+  } else {
+    // ---- e4m3 rows: warp w copies and widens chunks w and w + 4 (and, per-tensor fp8, warp 0
+    // the rope chunk 8) of all 64 rows; lane l rows l / 4 + 8 j (j < 8), piece l % 4 of each
+    // 64-byte chunk row ----
+    using T16 = std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half,
+                                   __nv_bfloat16>;
+    static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
+    const int q = lane & 3;
+    const int r0 = lane >> 2;  // rows r0 + 8 j: the same swizzle phase r0
+    const bool rope_chunk = !G::kDsMla && warp == 0;  // per-tensor fp8: warp 0 widens chunk 8
+    const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
+    auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
+    auto issue = [&](int it) {
+      const int stage = it & 1;
+      const uint32_t phase = phase_of(it);
+      const int key0 = (w.block_begin + it) * kKeys;
+      uint32_t row16[8];
+      uint32_t valid = 0;  // bit j: row r0 + 8 j names a key
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int slot = entry(key0 + r0 + 8 * j);
+        row16[j] = slot_row16(p, slot, 1);
+        valid |= slot >= 0 ? 1u << j : 0u;
+      }
+      auto n_of = [&](int j) { return (valid >> j) & 1 ? 16u : 0u; };
+      uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+      auto copy_chunk = [&](int c) {
+        uint8_t* dst = landing(bytes, c) + lane * 16;  // row r0 + 8 j at 64 (r0 + 8 j) + 16 q
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          cp_async_16(dst + j * 512, row_at(p, row16[j]) + c * 64 + 16 * q, n_of(j));
+        }
+      };
+      // fp8_ds_mla: the scales of this warp's two groups (its chunks' own), read only by its
+      // widening, which is done with this stage's previous block.
+      if constexpr (G::kDsMla) {
+        if (q < 2) {
+          const int group = warp / 2 + 2 * q;  // chunk warp (q 0) or warp + 4 (q 1)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            cp_async_4(&smem.scales[stage][warp][q][r0 + 8 * j],
+                       row_at(p, row16[j]) + kDsMlaScaleOffset + 4 * group, ((valid >> j) & 1) * 4u);
+          }
+        }
+      }
+      mbar_wait(&smem.empty_l[stage], phase ^ 1);
+      if (warp == 0 && q == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int key = key0 + r0 + 8 * j;
+          cp_async_4(&smem.slot[stage][r0 + 8 * j], key < w.extent ? w.slots + key : w.slots,
+                     key < w.extent ? 4u : 0u);
+        }
+      }
+      copy_chunk(warp);
+      mbar_wait(&smem.empty_r[stage], phase ^ 1);
+      copy_chunk(warp + 4);
+      if (rope_chunk) copy_chunk(8);
+      if (rope_copy) {
+        const int u = 4 * warp + q;  // 16-byte piece of the 128-byte bf16 rope row
+        uint8_t* rope = bytes + 8 * kChunkBytes;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int r = r0 + 8 * j;
+          cp_async_16(rope + r * 128 + ((u ^ r0) << 4),
+                      row_at(p, row16[j]) + kDsMlaRopeOffset + 16 * u, n_of(j));
+        }
+      }
+      cp_async_commit();
+    };
+    // Lane l's destinations in a widened chunk: rows r0 + 8 j, 16-byte units 2q and 2q + 1, at
+    // the row's swizzle phase r0 (1 KB per j).
+    const uint32_t dst_lo = r0 * 128 + (((2 * q) ^ r0) << 4);
+    const uint32_t dst_hi = r0 * 128 + (((2 * q + 1) ^ r0) << 4);
+    auto widen_chunk = [&](uint8_t* bytes, int stage, int c, int g) {
+      const uint8_t* src = landing(bytes, c) + lane * 16;
+      uint8_t* dst = bytes + c * kChunkBytes;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[j] = *reinterpret_cast<const uint4*>(src + (4 * half + j) * 512);
+        }
+        // NOTE: rows 32..63 widen over the landing bytes: every lane has read them first.
+        if (half == 1) __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int jj = 4 * half + j;
+          uint4 lo, hi;
+          if constexpr (G::kDsMla) {
+            widen_scaled_e4m3x16(v[j], smem.scales[stage][warp][g][r0 + 8 * jj], lo, hi);
+          } else {
+            widen_e4m3x16<T16>(v[j], lo, hi);
+          }
+          *reinterpret_cast<uint4*>(dst + dst_lo + jj * 1024) = lo;
+          *reinterpret_cast<uint4*>(dst + dst_hi + jj * 1024) = hi;
+        }
+      }
+      fence_proxy_async_smem();
+      __syncwarp();
+      if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
+    };
+    auto finish = [&](int it) {
+      const int stage = it & 1;
+      uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+      __syncwarp();  // every lane's copies of the block have landed
+      if (rope_copy) {
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][8]);
+      }
+      widen_chunk(bytes, stage, warp, 0);
+      widen_chunk(bytes, stage, warp + 4, 1);
+      if (rope_chunk) widen_chunk(bytes, stage, 8, 0);
+    };
+    issue(0);
+#pragma unroll 1
+    for (int it = 0; it < num_blocks; ++it) {
+      if (it + 1 < num_blocks) {
+        issue(it + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      finish(it);
+    }
+  }
+}
+
+}  // namespace mla::sm90::tma
