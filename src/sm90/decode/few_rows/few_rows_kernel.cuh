@@ -238,9 +238,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
     uint64_t absent = 0;  // bit k: key key0 + k is -1
     if constexpr (kSparse) {
-      absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
-                << 32) |
-               __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+      absent =
+          (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0)) << 32) |
+          __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
     }
     const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
                           key0 + kKeys <= min_limit && absent == 0;

@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Traits = SeesawTraits<F::kCompute>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
-  using Cursor = std::conditional_t<
-      kSparse, tma::SparseCursor, std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
+  using Cursor = std::conditional_t<kSparse, tma::SparseCursor,
+                                    std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
   static_assert(!kSparse || !(kDirect || kPair || kClean), "sparse calls: their own cursor");
   static_assert(kSparse || KV != Elem::kFp8DsMla, "fp8_ds_mla: sparse calls only");
   // The producer warpgroup's registers: 56 where it widens or gathers.
@@ -815,7 +815,6 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
                             params, kv_map);
 }
-
 
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles,

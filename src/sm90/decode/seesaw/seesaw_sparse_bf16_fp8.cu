@@ -2,6 +2,6 @@
 #include "sm90/decode/seesaw/seesaw_kernel.cuh"
 
 namespace mla::sm90::seesaw {
-template cudaError_t launch_seesaw_sparse<Elem::kBf16, Elem::kFp8E4M3>(const DecodeKernelParams&, int,
-                                                                cudaStream_t, bool);
+template cudaError_t launch_seesaw_sparse<Elem::kBf16, Elem::kFp8E4M3>(const DecodeKernelParams&,
+                                                                       int, cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw

@@ -3,7 +3,9 @@
 // bytes at a time, straight into the layouts the consumers read (docs/sm90-sparse.md). The
 // consumers' code is the dense kernels' own: they wait on the same full barriers.
 //
-// - 16-bit rows land in the stage's 128-byte-swizzled chunks directly.
+// - 16-bit rows land in the stage's 128-byte-swizzled chunks directly; each thread's copies of a
+//   chunk complete one arrival on its full barrier (cp.async.mbarrier.arrive.noinc). Like CUTLASS's
+//   cp.async + GMMA mainloops, the consumers' wgmma reads follow the barrier with no proxy fence.
 // - e4m3 rows (per-tensor fp8, and fp8_ds_mla's 512 latent values) land unswizzled in the upper
 //   half of their own chunk's 16-bit region, and the warp that copied a chunk widens it in place
 //   (rows 0..31 into the free lower half first, then rows 32..63 over the landing bytes, all of
@@ -11,9 +13,7 @@
 //   widens its chunks alone, without a barrier between warps.
 // - fp8_ds_mla: the 64 bf16 rope values land in the rope chunk directly; each latent value is
 //   multiplied by its group's fp32 scale as it widens, rounded once to bf16.
-// Each thread waits for its own copies (cp.async.wait_group), fences them for the async proxy
-// (the consumers' wgmma operand reads), and its warp arrives on the chunks' full barriers. The
-// block's entries land in `slot[stage]` too, where the consumers find which keys are -1.
+// The block's entries land in `slot[stage]` too, where the consumers find which keys are -1.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -43,21 +43,23 @@ struct GatherFormat {
 inline constexpr int kDsMlaScaleOffset = 512;
 inline constexpr int kDsMlaRopeOffset = 528;
 
-// Arrivals that complete chunk c's full barrier: one per producer warp (16-bit rows), the one warp
-// that widens it (e4m3 chunks), or warps 0 and 1 (fp8_ds_mla's rope chunk, which they copy).
+// Arrivals that complete chunk c's full barrier: one per producer thread's copies (16-bit rows),
+// the one warp that widens it (e4m3 chunks), or one per copying lane of warps 0 and 1
+// (fp8_ds_mla's rope chunk).
 template <typename Traits, Elem KV>
 __host__ __device__ constexpr uint32_t gather_full_arrivals(int c) {
   if constexpr (!GatherFormat<KV>::kE4m3) {
-    return 4;
+    return 128;
   } else if constexpr (GatherFormat<KV>::kDsMla) {
-    return c == Traits::kChunks - 1 ? 2 : 1;
+    return c == Traits::kChunks - 1 ? 64 : 1;
   } else {
     return 1;
   }
 }
 
 // The ring's barriers for the gather producer (init_ring_barriers' counterpart, unpaired): full
-// barriers counted by gather_full_arrivals, one empty arrive per consumer warp.
+// barriers counted by gather_full_arrivals, one empty arrive per consumer warp, and (e4m3 rows)
+// landed[stage][w]: producer warp w's copies of the block landed, one arrival per lane.
 template <typename Traits, Elem KV>
 __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
@@ -65,6 +67,7 @@ __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemo
       for (int c = 0; c < Traits::kChunks; ++c) {
         mbar_init(&smem.full[s][c], gather_full_arrivals<Traits, KV>(c));
       }
+      for (int w = 0; w < 4; ++w) mbar_init(&smem.landed[s][w], 32);
       mbar_init(&smem.empty_l[s], 4);
       mbar_init(&smem.empty_r[s], 4);
     }
@@ -90,8 +93,6 @@ __device__ __forceinline__ const uint8_t* row_at(const DecodeKernelParams& p, ui
 // Gathers the run's blocks, block `it` into stage it % 2 (phases from used0 and used1 as in
 // produce_chunks); `tid` 0..127 over the producer warpgroup. Keys past w.extent and entries of
 // -1 land as zeros (their V rows are then 0; the consumers mask their scores).
-// Per block each thread issues its copies (after the stage's release), then waits for the
-// previous block's and finishes it (widening, fence, arrive): two blocks in flight.
 template <typename Traits, Elem KV>
 __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const TileWork& w,
                                               typename Traits::SharedMemoryPlan& smem, int tid,
@@ -103,18 +104,23 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
   const int warp = tid >> 5, lane = tid & 31;
   const int num_blocks = w.block_end - w.block_begin;
-  if (num_blocks <= 0) return;
-  auto phase_of = [&](int it) {
-    return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1;
-  };
+  auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
   auto entry = [&](int key) { return key < w.extent ? __ldg(w.slots + key) : -1; };
+  // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given.
+  auto copy_slot = [&](int stage, int key0, int r) {
+    const int key = key0 + r;
+    cp_async_4(&smem.slot[stage][r], key < w.extent ? w.slots + key : w.slots,
+               key < w.extent ? 4u : 0u);
+  };
 
   if constexpr (!G::kE4m3) {
     // ---- 16-bit rows: warp w copies rows 16 w .. 16 w + 15 of every chunk; lane l rows
-    // 16 w + l / 8 + 4 j (j < 4), piece l % 8 of each chunk row ----
+    // 16 w + l / 8 + 4 j (j < 4), piece l % 8 of each chunk row. Nothing waits for the copies
+    // here: their arrivals complete the full barriers. ----
     const int q = lane & 7;
     const int r0 = 16 * warp + (lane >> 3);
-    auto issue = [&](int it) {
+#pragma unroll 1
+    for (int it = 0; it < num_blocks; ++it) {
       const int stage = it & 1;
       const uint32_t phase = phase_of(it);
       const int key0 = (w.block_begin + it) * kKeys;
@@ -133,57 +139,34 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           cp_async_16(bytes + c * kChunkBytes + r * 128 + ((q ^ (r & 7)) << 4),
                       row_at(p, row16[j]) + c * 128 + 16 * q, n[j]);
         }
+        cp_async_mbar_arrive(&smem.full[stage][c]);
       };
       mbar_wait(&smem.empty_l[stage], phase ^ 1);
       if (q == 0) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int key = key0 + r0 + 4 * j;
-          cp_async_4(&smem.slot[stage][r0 + 4 * j], key < w.extent ? w.slots + key : w.slots,
-                     key < w.extent ? 4u : 0u);
-        }
+        for (int j = 0; j < 4; ++j) copy_slot(stage, key0, r0 + 4 * j);
       }
 #pragma unroll
       for (int c = 0; c < Traits::kLeftChunks; ++c) copy_chunk(c);
       mbar_wait(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll
       for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) copy_chunk(c);
-      cp_async_commit();
-    };
-    auto finish = [&](int it) {
-      fence_proxy_async_smem();
-      __syncwarp();
-      if (cute::elect_one_sync()) {
-#pragma unroll
-        for (int c = 0; c < Traits::kChunks; ++c) mbar_arrive(&smem.full[it & 1][c]);
-      }
-    };
-    issue(0);
-#pragma unroll 1
-    for (int it = 0; it < num_blocks; ++it) {
-      if (it + 1 < num_blocks) {
-        issue(it + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      finish(it);
     }
   } else {
     // ---- e4m3 rows: warp w copies and widens chunks w and w + 4 (and, per-tensor fp8, warp 0
     // the rope chunk 8) of all 64 rows; lane l rows l / 4 + 8 j (j < 8), piece l % 4 of each
-    // 64-byte chunk row ----
-    using T16 = std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half,
-                                   __nv_bfloat16>;
+    // 64-byte chunk row. Its copies of a block complete landed[stage][w]. ----
+    using T16 =
+        std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
     static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
     const int q = lane & 3;
-    const int r0 = lane >> 2;  // rows r0 + 8 j: the same swizzle phase r0
+    const int r0 = lane >> 2;                         // rows r0 + 8 j: the same swizzle phase r0
     const bool rope_chunk = !G::kDsMla && warp == 0;  // per-tensor fp8: warp 0 widens chunk 8
     const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
     auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
+    // Copies block `it` into its stage, which the consumers have released.
     auto issue = [&](int it) {
       const int stage = it & 1;
-      const uint32_t phase = phase_of(it);
       const int key0 = (w.block_begin + it) * kKeys;
       uint32_t row16[8];
       uint32_t valid = 0;  // bit j: row r0 + 8 j names a key
@@ -202,31 +185,26 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           cp_async_16(dst + j * 512, row_at(p, row16[j]) + c * 64 + 16 * q, n_of(j));
         }
       };
-      // fp8_ds_mla: the scales of this warp's two groups (its chunks' own), read only by its
-      // widening, which is done with this stage's previous block.
+      if (warp == 0 && q == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) copy_slot(stage, key0, r0 + 8 * j);
+      }
+      // fp8_ds_mla: the scales of this warp's two groups (its chunks' own).
       if constexpr (G::kDsMla) {
         if (q < 2) {
           const int group = warp / 2 + 2 * q;  // chunk warp (q 0) or warp + 4 (q 1)
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             cp_async_4(&smem.scales[stage][warp][q][r0 + 8 * j],
-                       row_at(p, row16[j]) + kDsMlaScaleOffset + 4 * group, ((valid >> j) & 1) * 4u);
+                       row_at(p, row16[j]) + kDsMlaScaleOffset + 4 * group,
+                       ((valid >> j) & 1) * 4u);
           }
         }
       }
-      mbar_wait(&smem.empty_l[stage], phase ^ 1);
-      if (warp == 0 && q == 0) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int key = key0 + r0 + 8 * j;
-          cp_async_4(&smem.slot[stage][r0 + 8 * j], key < w.extent ? w.slots + key : w.slots,
-                     key < w.extent ? 4u : 0u);
-        }
-      }
       copy_chunk(warp);
-      mbar_wait(&smem.empty_r[stage], phase ^ 1);
       copy_chunk(warp + 4);
       if (rope_chunk) copy_chunk(8);
+      cp_async_mbar_arrive(&smem.landed[stage][warp]);
       if (rope_copy) {
         const int u = 4 * warp + q;  // 16-byte piece of the 128-byte bf16 rope row
         uint8_t* rope = bytes + 8 * kChunkBytes;
@@ -236,8 +214,8 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           cp_async_16(rope + r * 128 + ((u ^ r0) << 4),
                       row_at(p, row16[j]) + kDsMlaRopeOffset + 16 * u, n_of(j));
         }
+        cp_async_mbar_arrive(&smem.full[stage][8]);
       }
-      cp_async_commit();
     };
     // Lane l's destinations in a widened chunk: rows r0 + 8 j, 16-byte units 2q and 2q + 1, at
     // the row's swizzle phase r0 (1 KB per j).
@@ -272,29 +250,40 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       __syncwarp();
       if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
     };
+    // Widens block `it`, whose copies have landed.
     auto finish = [&](int it) {
       const int stage = it & 1;
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
-      __syncwarp();  // every lane's copies of the block have landed
-      if (rope_copy) {
-        fence_proxy_async_smem();
-        __syncwarp();
-        if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][8]);
-      }
       widen_chunk(bytes, stage, warp, 0);
       widen_chunk(bytes, stage, warp + 4, 1);
       if (rope_chunk) widen_chunk(bytes, stage, 8, 0);
     };
-    issue(0);
+    // NOTE: the next block is copied as soon as its stage is released and a landed block widened
+    // as soon as it lands, whichever comes first: the seesaw kernel's second consumer releases a
+    // stage only once it has the next block (docs/sm90-seesaw.md), so a producer that waited for
+    // the release before widening that block would wait forever, and one that widened first would
+    // hold one block in flight instead of two. The tests are the warp's lane 0's.
+    int issued = 0, finished = 0;
 #pragma unroll 1
-    for (int it = 0; it < num_blocks; ++it) {
-      if (it + 1 < num_blocks) {
-        issue(it + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
+    while (finished < num_blocks) {
+      if (issued < num_blocks && issued <= finished + 1) {
+        const int stage = issued & 1;
+        const uint32_t phase = phase_of(issued);
+        bool ready = mbar_test(&smem.empty_l[stage], phase ^ 1) &&
+                     mbar_test(&smem.empty_r[stage], phase ^ 1);
+        if (__shfl_sync(0xffffffffu, ready, 0)) {
+          issue(issued++);
+          continue;
+        }
       }
-      finish(it);
+      if (finished < issued) {
+        const bool landed = mbar_test(&smem.landed[finished & 1][warp], phase_of(finished));
+        if (__shfl_sync(0xffffffffu, landed, 0)) {
+          finish(finished++);
+          continue;
+        }
+      }
+      __nanosleep(32);
     }
   }
 }

@@ -118,8 +118,8 @@ struct SparseCursor {
     done = true;
     w = resolve_sparse_tile(p, blockIdx.x);
     if (w.row0 >= w.rows) return false;  // a tile past the token's heads
-    partial_row0 = (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads +
-                   w.row0;
+    partial_row0 =
+        (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
     return true;
   }
 };
