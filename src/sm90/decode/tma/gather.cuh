@@ -105,6 +105,9 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   const int warp = tid >> 5, lane = tid & 31;
   const int num_blocks = w.block_end - w.block_begin;
   auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
+  // The entry of key `key` of the token (-1 past the counted ones).
+  // NOTE: each block's entries are loaded while the previous block waits for its stage: read at
+  // the copy, they put an L2 round trip before every block's gather (docs/sm90-sparse.md).
   auto entry = [&](int key) { return key < w.extent ? __ldg(w.slots + key) : -1; };
   // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given.
   auto copy_slot = [&](int stage, int key0, int r) {
@@ -119,6 +122,13 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     // here: their arrivals complete the full barriers. ----
     const int q = lane & 7;
     const int r0 = 16 * warp + (lane >> 3);
+    int next[4];  // the entries of the next block's rows
+    auto load_entries = [&](int it) {
+      const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 4 * j) : -1;
+    };
+    load_entries(0);
 #pragma unroll 1
     for (int it = 0; it < num_blocks; ++it) {
       const int stage = it & 1;
@@ -127,10 +137,10 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       uint32_t row16[4], n[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int slot = entry(key0 + r0 + 4 * j);
-        row16[j] = slot_row16(p, slot, 2);
-        n[j] = slot >= 0 ? 16u : 0u;
+        row16[j] = slot_row16(p, next[j], 2);
+        n[j] = next[j] >= 0 ? 16u : 0u;
       }
+      load_entries(it + 1);
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
       auto copy_chunk = [&](int c) {
 #pragma unroll
@@ -164,6 +174,13 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     const bool rope_chunk = !G::kDsMla && warp == 0;  // per-tensor fp8: warp 0 widens chunk 8
     const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
     auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
+    int next[8];  // the entries of the next block's rows
+    auto load_entries = [&](int it) {
+      const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 8 * j) : -1;
+    };
+    load_entries(0);
     // Copies block `it` into its stage, which the consumers have released.
     auto issue = [&](int it) {
       const int stage = it & 1;
@@ -172,10 +189,10 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       uint32_t valid = 0;  // bit j: row r0 + 8 j names a key
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int slot = entry(key0 + r0 + 8 * j);
-        row16[j] = slot_row16(p, slot, 1);
-        valid |= slot >= 0 ? 1u << j : 0u;
+        row16[j] = slot_row16(p, next[j], 1);
+        valid |= next[j] >= 0 ? 1u << j : 0u;
       }
+      load_entries(it + 1);
       auto n_of = [&](int j) { return (valid >> j) & 1 ? 16u : 0u; };
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
       auto copy_chunk = [&](int c) {
