@@ -118,9 +118,9 @@ struct FewRowsTraits {
     float out_scale[kRows];         // partial_o, and what its O is multiplied by
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
     // Sparse calls (tma/gather.cuh): the block's entries (-1: no key; 0 past the counted ones),
-    // and fp8_ds_mla's 4 scales of each key.
+    // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];
-    alignas(16) float scales[kStages][kKeys][4];
+    float scales[kStages][4][2][kKeys];
     uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
     uint64_t empty_l[kStages];          // chunks 0..3 consumed: one arrive per consumer warp

@@ -44,14 +44,14 @@ inline constexpr int kDsMlaScaleOffset = 512;
 inline constexpr int kDsMlaRopeOffset = 528;
 
 // Arrivals that complete chunk c's full barrier: one per producer thread's copies (16-bit rows),
-// or the one warp that widens it (e4m3 chunks; fp8_ds_mla's bf16 rope chunk: warp 0, once the
-// block has landed).
+// the one warp that widens it (e4m3 chunks), or one per copying lane of warps 0 and 1
+// (fp8_ds_mla's rope chunk).
 template <typename Traits, Elem KV>
 __host__ __device__ constexpr uint32_t gather_full_arrivals(int c) {
   if constexpr (!GatherFormat<KV>::kE4m3) {
     return 128;
   } else if constexpr (GatherFormat<KV>::kDsMla) {
-    return 1;
+    return c == Traits::kChunks - 1 ? 64 : 1;
   } else {
     return 1;
   }
@@ -59,7 +59,7 @@ __host__ __device__ constexpr uint32_t gather_full_arrivals(int c) {
 
 // The ring's barriers for the gather producer (init_ring_barriers' counterpart, unpaired): full
 // barriers counted by gather_full_arrivals, one empty arrive per consumer warp, and (e4m3 rows)
-// landed[stage][0]: the producer warpgroup's copies of the block landed, one arrival per thread.
+// landed[stage][w]: producer warp w's copies of the block landed, one arrival per lane.
 template <typename Traits, Elem KV>
 __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
@@ -67,7 +67,7 @@ __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemo
       for (int c = 0; c < Traits::kChunks; ++c) {
         mbar_init(&smem.full[s][c], gather_full_arrivals<Traits, KV>(c));
       }
-      mbar_init(&smem.landed[s][0], 128);
+      for (int w = 0; w < 4; ++w) mbar_init(&smem.landed[s][w], 32);
       mbar_init(&smem.empty_l[s], 4);
       mbar_init(&smem.empty_r[s], 4);
     }
@@ -163,88 +163,82 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) copy_chunk(c);
     }
   } else {
-    // ---- e4m3 rows: warp w copies bytes [128 w, 128 w + 128) of every row, e4m3 chunks 2w and
-    // 2w + 1 (lane l: piece l % 8 of rows l / 8 + 4 j, j < 16: 4 whole 128-byte spans per
-    // instruction), and the rest of rows 16 w .. 16 w + 15 (per-tensor fp8: the e4m3 rope chunk;
-    // fp8_ds_mla: the scales and the bf16 rope chunk). Each thread's copies of a block complete
-    // one arrival on landed[stage][0]; then warp w widens chunks 2w and 2w + 1 (warp 0 also the
-    // per-tensor rope chunk), and warp 0 releases fp8_ds_mla's rope chunk. ----
-    // NOTE: 128-byte spans per row, not 64: the copies' rate was bound by requests, not bytes
-    // (64-byte spans halved it: docs/sm90-sparse.md).
+    // ---- e4m3 rows: warp w copies and widens chunks w and w + 4 (and, per-tensor fp8, warp 0
+    // the rope chunk 8) of all 64 rows; lane l rows l / 4 + 8 j (j < 8), piece l % 4 of each
+    // 64-byte chunk row. Its copies of a block complete landed[stage][w]. ----
     using T16 =
         std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
     static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
+    const int q = lane & 3;
+    const int r0 = lane >> 2;                         // rows r0 + 8 j: the same swizzle phase r0
+    const bool rope_chunk = !G::kDsMla && warp == 0;  // per-tensor fp8: warp 0 widens chunk 8
+    const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
     auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
-    auto key0_of = [&](int it) { return (w.block_begin + it) * kKeys; };
-    // The next block's entries into L1 (the copies read them there).
-    auto prefetch_entries = [&](int it) {
-      if (it < num_blocks && lane < 3) {
-        const int key = min(key0_of(it) + 32 * lane, max(w.extent - 1, 0));
-        prefetch_l1(w.slots + key);
-      }
+    int next[8];  // the entries of the next block's rows
+    auto load_entries = [&](int it) {
+      const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 8 * j) : -1;
     };
+    load_entries(0);
     // Copies block `it` into its stage, which the consumers have released.
     auto issue = [&](int it) {
       const int stage = it & 1;
-      const int key0 = key0_of(it);
+      const int key0 = (w.block_begin + it) * kKeys;
+      uint32_t row16[8];
+      uint32_t valid = 0;  // bit j: row r0 + 8 j names a key
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        row16[j] = slot_row16(p, next[j], 1);
+        valid |= next[j] >= 0 ? 1u << j : 0u;
+      }
+      load_entries(it + 1);
+      auto n_of = [&](int j) { return (valid >> j) & 1 ? 16u : 0u; };
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
-      {
-        const int q = lane & 7;
-        const int c = 2 * warp + (q >> 2);
-        uint8_t* dst = landing(bytes, c) + (q & 3) * 16;
-        // NOTE: four rows at a time (their entries are L1 hits): sixteen at once spilled the
-        // producer's 56 registers.
-#pragma unroll 1
-        for (int j0 = 0; j0 < 16; j0 += 4) {
+      auto copy_chunk = [&](int c) {
+        uint8_t* dst = landing(bytes, c) + lane * 16;  // row r0 + 8 j at 64 (r0 + 8 j) + 16 q
 #pragma unroll
-          for (int j = j0; j < j0 + 4; ++j) {
-            const int r = (lane >> 3) + 4 * j;
-            const int slot = entry(key0 + r);
-            cp_async_16(dst + r * 64, row_at(p, slot_row16(p, slot, 1)) + 128 * warp + 16 * q,
-                        slot >= 0 ? 16u : 0u);
-          }
+        for (int j = 0; j < 8; ++j) {
+          cp_async_16(dst + j * 512, row_at(p, row16[j]) + c * 64 + 16 * q, n_of(j));
         }
+      };
+      if (warp == 0 && q == 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) copy_slot(stage, key0, r0 + 8 * j);
       }
-      if (lane < 16) copy_slot(stage, key0, 16 * warp + lane);
+      // fp8_ds_mla: the scales of this warp's two groups (its chunks' own).
       if constexpr (G::kDsMla) {
-        // Rows 16 w .. 16 w + 15: piece 0 the 4 scales, pieces 1..8 the bf16 rope.
-        uint8_t* rope = bytes + 8 * kChunkBytes;
-#pragma unroll 1
-        for (int k = 0; k < 5; ++k) {
-          const int e = lane + 32 * k;
-          if (e < 16 * 9) {
-            const int r = 16 * warp + e / 9, piece = e % 9;
-            const int slot = entry(key0 + r);
-            const uint8_t* src = row_at(p, slot_row16(p, slot, 1)) + kDsMlaScaleOffset + 16 * piece;
-            const uint32_t n = slot >= 0 ? 16u : 0u;
-            if (piece == 0) {
-              cp_async_16(&smem.scales[stage][r][0], src, n);
-            } else {
-              cp_async_16(rope + r * 128 + (((piece - 1) ^ (r & 7)) << 4), src, n);
-            }
+        if (q < 2) {
+          const int group = warp / 2 + 2 * q;  // chunk warp (q 0) or warp + 4 (q 1)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            cp_async_4(&smem.scales[stage][warp][q][r0 + 8 * j],
+                       row_at(p, row16[j]) + kDsMlaScaleOffset + 4 * group,
+                       ((valid >> j) & 1) * 4u);
           }
         }
-      } else {
-        // Rows 16 w .. 16 w + 15 of the e4m3 rope chunk (bytes 512 .. 575).
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int e = lane + 32 * k;
-          const int r = 16 * warp + (e >> 2), piece = e & 3;
-          const int slot = entry(key0 + r);
-          cp_async_16(landing(bytes, 8) + r * 64 + 16 * piece,
-                      row_at(p, slot_row16(p, slot, 1)) + 512 + 16 * piece, slot >= 0 ? 16u : 0u);
-        }
       }
-      cp_async_mbar_arrive(&smem.landed[stage][0]);
-      prefetch_entries(it + 1);
+      copy_chunk(warp);
+      copy_chunk(warp + 4);
+      if (rope_chunk) copy_chunk(8);
+      cp_async_mbar_arrive(&smem.landed[stage][warp]);
+      if (rope_copy) {
+        const int u = 4 * warp + q;  // 16-byte piece of the 128-byte bf16 rope row
+        uint8_t* rope = bytes + 8 * kChunkBytes;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int r = r0 + 8 * j;
+          cp_async_16(rope + r * 128 + ((u ^ r0) << 4),
+                      row_at(p, row16[j]) + kDsMlaRopeOffset + 16 * u, n_of(j));
+        }
+        cp_async_mbar_arrive(&smem.full[stage][8]);
+      }
     };
-    // Lane l widens rows r0 + 8 j (j < 8), 16-byte e4m3 piece q of a chunk, into 16-byte units 2q
-    // and 2q + 1 at the row's swizzle phase r0 (1 KB per j).
-    const int q = lane & 3;
-    const int r0 = lane >> 2;
+    // Lane l's destinations in a widened chunk: rows r0 + 8 j, 16-byte units 2q and 2q + 1, at
+    // the row's swizzle phase r0 (1 KB per j).
     const uint32_t dst_lo = r0 * 128 + (((2 * q) ^ r0) << 4);
     const uint32_t dst_hi = r0 * 128 + (((2 * q + 1) ^ r0) << 4);
-    auto widen_chunk = [&](uint8_t* bytes, int stage, int c) {
+    auto widen_chunk = [&](uint8_t* bytes, int stage, int c, int g) {
       const uint8_t* src = landing(bytes, c) + lane * 16;
       uint8_t* dst = bytes + c * kChunkBytes;
 #pragma unroll
@@ -261,7 +255,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           const int jj = 4 * half + j;
           uint4 lo, hi;
           if constexpr (G::kDsMla) {
-            widen_scaled_e4m3x16(v[j], smem.scales[stage][r0 + 8 * jj][c >> 1], lo, hi);
+            widen_scaled_e4m3x16(v[j], smem.scales[stage][warp][g][r0 + 8 * jj], lo, hi);
           } else {
             widen_e4m3x16<T16>(v[j], lo, hi);
           }
@@ -277,24 +271,15 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     auto finish = [&](int it) {
       const int stage = it & 1;
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
-      if constexpr (G::kDsMla) {
-        if (warp == 0) {
-          __syncwarp();
-          if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][8]);  // the bf16 rope chunk
-        }
-      }
-      widen_chunk(bytes, stage, 2 * warp);
-      widen_chunk(bytes, stage, 2 * warp + 1);
-      if constexpr (!G::kDsMla) {
-        if (warp == 0) widen_chunk(bytes, stage, 8);
-      }
+      widen_chunk(bytes, stage, warp, 0);
+      widen_chunk(bytes, stage, warp + 4, 1);
+      if (rope_chunk) widen_chunk(bytes, stage, 8, 0);
     };
     // NOTE: the next block is copied as soon as its stage is released and a landed block widened
     // as soon as it lands, whichever comes first: the seesaw kernel's second consumer releases a
     // stage only once it has the next block (docs/sm90-seesaw.md), so a producer that waited for
     // the release before widening that block would wait forever, and one that widened first would
     // hold one block in flight instead of two. The tests are the warp's lane 0's.
-    prefetch_entries(0);
     int issued = 0, finished = 0;
 #pragma unroll 1
     while (finished < num_blocks) {
@@ -309,7 +294,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
         }
       }
       if (finished < issued) {
-        const bool landed = mbar_test(&smem.landed[finished & 1][0], phase_of(finished));
+        const bool landed = mbar_test(&smem.landed[finished & 1][warp], phase_of(finished));
         if (__shfl_sync(0xffffffffu, landed, 0)) {
           finish(finished++);
           continue;
