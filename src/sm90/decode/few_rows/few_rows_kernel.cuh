@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
     if constexpr (kSparse) {
-      tma::gather_blocks<Traits, KV>(p, w, smem, threadIdx.x, 0, 0);
+      tma::gather_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0);
       return;
     } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.

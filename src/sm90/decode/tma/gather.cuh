@@ -93,7 +93,9 @@ __device__ __forceinline__ const uint8_t* row_at(const DecodeKernelParams& p, ui
 // Gathers the run's blocks, block `it` into stage it % 2 (phases from used0 and used1 as in
 // produce_chunks); `tid` 0..127 over the producer warpgroup. Keys past w.extent and entries of
 // -1 land as zeros (their V rows are then 0; the consumers mask their scores).
-template <typename Traits, Elem KV>
+// kCoupled: a consumer may hold a stage until the next block is ready (the seesaw kernel): e4m3
+// rows are then copied and widened as each becomes possible (polled), not in a fixed order.
+template <typename Traits, Elem KV, bool kCoupled = true>
 __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const TileWork& w,
                                               typename Traits::SharedMemoryPlan& smem, int tid,
                                               uint32_t used0, uint32_t used1) {
@@ -280,6 +282,28 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     // stage only once it has the next block (docs/sm90-seesaw.md), so a producer that waited for
     // the release before widening that block would wait forever, and one that widened first would
     // hold one block in flight instead of two. The tests are the warp's lane 0's.
+    if constexpr (!kCoupled) {
+      // The few-rows kernel's consumers release a stage without waiting for the other's block:
+      // copy the next block once its stage is free, then widen this one.
+      auto wait_free = [&](int it) {
+        mbar_wait(&smem.empty_l[it & 1], phase_of(it) ^ 1);
+        mbar_wait(&smem.empty_r[it & 1], phase_of(it) ^ 1);
+      };
+      if (num_blocks > 0) {
+        wait_free(0);
+        issue(0);
+      }
+#pragma unroll 1
+      for (int it = 0; it < num_blocks; ++it) {
+        if (it + 1 < num_blocks) {
+          wait_free(it + 1);
+          issue(it + 1);
+        }
+        mbar_wait(&smem.landed[it & 1][warp], phase_of(it));
+        finish(it);
+      }
+      return;
+    }
     int issued = 0, finished = 0;
 #pragma unroll 1
     while (finished < num_blocks) {
@@ -300,7 +324,6 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           continue;
         }
       }
-      __nanosleep(32);
     }
   }
 }
