@@ -25,6 +25,7 @@
 namespace mla::sm90 {
 
 inline constexpr float kNegInf = -__builtin_huge_valf();
+inline constexpr float kInf = __builtin_huge_valf();
 
 // max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand): a NaN score
 // then reaches the row's max, sum and out instead of vanishing (contract section 1).

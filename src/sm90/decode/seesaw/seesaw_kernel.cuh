@@ -436,11 +436,16 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                               key0 + kKeys <= unmasked_limit && absent == 0;
         const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
         float block_max[2] = {kNegInf, kNegInf};
+        // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
+        // P = 0 and would leave its row finite: flagged here (predicates, not registers: a float
+        // or a NaN per score spilled), the row turns NaN through its sum (contract section 1.2).
+        bool neg_inf[2] = {false, false};
         if (unmasked) {
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {
             const int slot = (v >> 1) & 1;
             block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+            neg_inf[slot] = neg_inf[slot] || tSrS(v) == kNegInf;
           }
         } else {
           CUTE_UNROLL
@@ -456,12 +461,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                 s = tSrS(v) * score_scale;
                 if (s == kNegInf) s = __int_as_float(0x7fffffff);
               }
-            } else if constexpr (kSparse) {
-              s = rule[slot].attends(j) && ((absent >> get<1>(tScS(v))) & 1) == 0
-                      ? tSrS(v) * score_scale
-                      : kNegInf;
             } else {
-              s = rule[slot].attends(j) ? tSrS(v) * score_scale : kNegInf;
+              bool attends = rule[slot].attends(j);
+              if constexpr (kSparse) attends = attends && ((absent >> get<1>(tScS(v))) & 1) == 0;
+              s = attends ? tSrS(v) * score_scale : kNegInf;
+              neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
             }
             tSrS(v) = s;
             block_max[slot] = fmaxf(block_max[slot], s);
@@ -469,6 +473,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         }
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
+          if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
           block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
