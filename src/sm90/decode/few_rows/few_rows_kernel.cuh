@@ -252,17 +252,18 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
       // P = 0 and would leave its row finite: flagged here, the row turns NaN through its sum
       // (contract section 1.2; the masked path below makes such a score NaN).
-      bool neg_inf[kCols];
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) neg_inf[s] = false;
+      // One largest |S| over the thread's scores finds the rare block that has one.
+      float abs_max = 0.0f;
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {
         block_max[col_slot(v)] = fmaxf(block_max[col_slot(v)], tSrS(v));
-        neg_inf[col_slot(v)] = neg_inf[col_slot(v)] || tSrS(v) == kNegInf;
+        abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
       }
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        if (neg_inf[s]) col_sum[s] = __int_as_float(0x7fffffff);
+      if (abs_max == kInf) {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          if (tSrS(v) == kNegInf) col_sum[col_slot(v)] = __int_as_float(0x7fffffff);
+        }
       }
     } else {
 #pragma unroll

@@ -437,15 +437,23 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
         float block_max[2] = {kNegInf, kNegInf};
         // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
-        // P = 0 and would leave its row finite: flagged here (predicates, not registers: a float
-        // or a NaN per score spilled), the row turns NaN through its sum (contract section 1.2).
+        // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
+        // 1.2). Unmasked, one largest |S| over both rows finds the rare block that has one (a
+        // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
         bool neg_inf[2] = {false, false};
         if (unmasked) {
+          float abs_max = 0.0f;
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {
             const int slot = (v >> 1) & 1;
             block_max[slot] = fmaxf(block_max[slot], tSrS(v));
-            neg_inf[slot] = neg_inf[slot] || tSrS(v) == kNegInf;
+            abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
+          }
+          if (abs_max == kInf) {
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
+            }
           }
         } else {
           CUTE_UNROLL
