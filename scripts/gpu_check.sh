@@ -10,6 +10,8 @@
 #                           (default: python3); the module is built against its apache-tvm-ffi
 #   MLA_SANITIZE_FILTER     gtest filter of the sm90 tests the sanitizers run (default below: every
 #                           kernel and route at small sizes; '*' runs all, which takes long)
+#   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
+#                           both kernels, the block and split cases, NaN propagation)
 #   MLA_SANITIZE_TOOLS      the tools to run (default: memcheck racecheck synccheck initcheck)
 #   MLA_SANITIZE_TIMEOUT    seconds each tool may take (default 300)
 # Needs .deps/cutlass and .deps/googletest (scripts/setup_deps.sh, or copies of them). Exits 1 when
@@ -50,17 +52,22 @@ default_filter='FewRows/*:DirectSplit/*:Pairs/*:OneSplit/*:Ragged/*:Sm90DecodeGr
 default_filter+=':Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*'
 default_filter+=':Sm90DecodeDsMla.*'
 filter=${MLA_SANITIZE_FILTER:-$default_filter}
+sparse_filter=${MLA_SANITIZE_SPARSE_FILTER:-'Formats/*:Blocks/*:Sm90SparseNaN.*'}
 for tool in ${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-  log="$logs/sanitize-$tool.log"
-  extra=()
-  [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-  timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 \
-    "$root/build/tests/sm90_decode_test" --gtest_filter="$filter" >"$log" 2>&1
-  rc=$?
-  errors=$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" | tail -1)
-  tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')
-  note "$tool: ${errors:-no summary} ${tests}(rc $rc)"
-  [ $rc -eq 0 ] || failed=1
+  for suite in decode sparse; do
+    log="$logs/sanitize-$tool.log"
+    f=$filter
+    [ $suite = sparse ] && log="$logs/sanitize-$tool-sparse.log" && f=$sparse_filter
+    extra=()
+    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+    timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 \
+      "$root/build/tests/sm90_${suite}_test" --gtest_filter="$f" >"$log" 2>&1
+    rc=$?
+    errors=$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" | tail -1)
+    tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')
+    note "$tool ($suite): ${errors:-no summary} ${tests}(rc $rc)"
+    [ $rc -eq 0 ] || failed=1
+  done
 done
 
 echo

@@ -510,8 +510,10 @@ inline ::testing::AssertionResult run_decode(const mla::DecodeParams& params) {
 }
 
 // Every out and lse element against the oracle, and out's padding untouched. `p_rel`: the
-// allowance for probabilities rounded to 16 bits (mla_test::OutTolerance); 0 for fp32 P.
-inline void check_against_oracle(const Built& b, double p_rel = 0.0) {
+// allowance for probabilities rounded to 16 bits (mla_test::OutTolerance); 0 for fp32 P. `extra`
+// (optional): per-row allowances for inputs the kernel rounds (mla_test::RowAllowance).
+inline void check_against_oracle(const Built& b, double p_rel = 0.0,
+                                 const mla_test::RowAllowance* extra = nullptr) {
   const oracle::Output ref = oracle::reference(b.in);
   const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
   const int L = b.c.L;
@@ -522,11 +524,11 @@ inline void check_against_oracle(const Built& b, double p_rel = 0.0) {
       "out", rows, L, tol, [&](int64_t r, int64_t l) { return b.out.get(b.out_row[r] + l); },
       [&](int64_t r, int64_t l) { return ref.out[r * L + l]; },
       [&](int64_t r, int64_t l) { return ref.out_abs[r * L + l]; },
-      [&](int64_t r) { return std::isinf(ref.lse[r]); }, &worst_out));
+      [&](int64_t r) { return std::isinf(ref.lse[r]); }, &worst_out, extra));
   if (b.c.lse) {
     EXPECT_TRUE(mla_test::compare_lse(
         rows, [&](int64_t r) { return b.lse.get(r); }, [&](int64_t r) { return ref.lse[r]; },
-        &worst_lse));
+        &worst_lse, extra));
   }
   // How close to the tolerance each case runs (in the XML report), to keep them calibrated.
   ::testing::Test::RecordProperty("worst_out_err_over_allowed", std::to_string(worst_out));
@@ -617,8 +619,9 @@ inline void fill_outputs(Built& b, double value) {
 
 // check_against_oracle for calls with non-finite inputs: rows whose reference is NaN must be NaN
 // in every out element and in lse; every other row is compared as check_against_oracle does.
-// `p_rel` as for check_against_oracle. Returns the number of NaN rows.
-inline int64_t check_nan_rows_against_oracle(const Built& b, double p_rel = 0.0) {
+// `p_rel` and `extra` as for check_against_oracle. Returns the number of NaN rows.
+inline int64_t check_nan_rows_against_oracle(const Built& b, double p_rel = 0.0,
+                                             const mla_test::RowAllowance* extra = nullptr) {
   const oracle::Output ref = oracle::reference(b.in);
   const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
   const int L = b.c.L;
@@ -643,13 +646,68 @@ inline int64_t check_nan_rows_against_oracle(const Built& b, double p_rel = 0.0)
       [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : b.out.get(b.out_row[r] + l); },
       [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : ref.out[r * L + l]; },
       [&](int64_t r, int64_t l) { return nan_row[r] ? 0.0 : ref.out_abs[r * L + l]; },
-      [&](int64_t r) { return nan_row[r] || std::isinf(ref.lse[r]); }));
+      [&](int64_t r) { return nan_row[r] || std::isinf(ref.lse[r]); }, nullptr, extra));
   if (b.c.lse) {
     EXPECT_TRUE(mla_test::compare_lse(
         rows, [&](int64_t r) { return nan_row[r] ? 0.0 : b.lse.get(r); },
-        [&](int64_t r) { return nan_row[r] ? 0.0 : ref.lse[r]; }));
+        [&](int64_t r) { return nan_row[r] ? 0.0 : ref.lse[r]; }, nullptr, extra));
   }
   return nan_rows;
+}
+
+// ---- Sparse calls (docs/contract.md section 2.2) ---------------------------------------------
+
+// Element offset in b.kv of pool row `slot` (page * page_size + offset).
+inline int64_t slot_offset(const Built& b, int64_t slot) {
+  return (slot / b.c.page_size) * b.kv_page_stride + (slot % b.c.page_size) * b.kv_row_stride;
+}
+
+// The attended slots of every query token of a sparse call, by global token (the oracle's sets:
+// counted entries other than -1, duplicates kept).
+inline std::vector<std::vector<int64_t>> attended_by_token(const Built& b) {
+  std::vector<std::vector<int64_t>> sets;
+  for (int r = 0; r < b.c.B; ++r) {
+    for (int i = 0; i < b.q_lens[r]; ++i) sets.push_back(oracle::attended_slots(b.in, r, i));
+  }
+  return sets;
+}
+
+// How many query tokens attend `slot` (each token once, however often its entries name it).
+inline int tokens_attending(const Built& b, int64_t slot) {
+  int n = 0;
+  for (const std::vector<int64_t>& set : attended_by_token(b)) {
+    n += std::find(set.begin(), set.end(), slot) != set.end();
+  }
+  return n;
+}
+
+// Element d of pool row `slot` becomes NaN (or +inf), in the tensor and the oracle (poison_key
+// for sparse calls, whose keys are named by slot).
+inline void poison_slot(Built& b, int64_t slot, int d, bool inf = false) {
+  const DataType kt = b.c.kv_dtype;
+  store_bits(b.kv, slot_offset(b, slot) + d, inf ? inf_bits(kt) : mla_test::nan_bits(kt));
+  b.in.kv[slot * b.D + d] =
+      (inf && kt != dt::kFloat8E4M3) ? std::numeric_limits<double>::infinity() : std::nan("");
+}
+
+// Every pool row that no token's counted entries name becomes NaN, in the tensor and the oracle
+// (build() leaves a quarter of the pool NaN; this also takes the live rows that only entries past
+// a count, or none, name): a kernel that reads a row it was not given, past the count, for a -1
+// or at a wrong page or offset, turns its rows NaN.
+inline void poison_unnamed_slots(Built& b) {
+  const int64_t pool = static_cast<int64_t>(b.num_pages) * b.c.page_size;
+  std::vector<bool> named(static_cast<size_t>(pool), false);
+  for (const std::vector<int64_t>& set : attended_by_token(b)) {
+    for (int64_t slot : set) named[slot] = true;
+  }
+  const uint32_t nan = mla_test::nan_bits(b.c.kv_dtype);
+  for (int64_t slot = 0; slot < pool; ++slot) {
+    if (named[slot]) continue;
+    for (int d = 0; d < b.D; ++d) {
+      store_bits(b.kv, slot_offset(b, slot) + d, nan);
+      b.in.kv[slot * b.D + d] = std::nan("");
+    }
+  }
 }
 
 }  // namespace mla_test::decode_case

@@ -209,6 +209,17 @@ inline double p_rounding_rel(mla::DataType p_dtype) {
   throw std::invalid_argument("p_rounding_rel: unsupported dtype");
 }
 
+// Per-row additions to the tolerances, for a kernel that rounds its inputs before the math (an
+// fp8_ds_mla cache's dequantized values: fp8_ds_mla::dequant_rounding_allowance derives them).
+// out_rel[r] multiplies row r's ref_abs, as p_rel does; lse_abs[r] adds to lse's allowance. Rows
+// index (token, head) as t * H + h; empty vectors add nothing.
+struct RowAllowance {
+  std::vector<double> out_rel;
+  std::vector<double> lse_abs;
+  double out(int64_t r) const { return out_rel.empty() ? 0.0 : out_rel[r]; }
+  double lse(int64_t r) const { return lse_abs.empty() ? 0.0 : lse_abs[r]; }
+};
+
 // lse is fp32, from fp32 scores of D-term dot products. Measured on these sweeps, the cpu backend
 // lands within 2e-6 of the float64 value for |lse| < 20 and within 1.5e-7 relative (about one fp32
 // ulp) for peaky scores with lse up to ~160. 2e-5 absolute + 2e-5 relative leaves a 10-100x margin
@@ -220,11 +231,13 @@ constexpr double kLseRtol = 2e-5;
 // Compares `count` rows of `width` values; got(r, c), ref(r, c) and ref_abs(r, c) give the
 // values and the reference's magnitude scale (OutTolerance::p_rel). Empty rows (all reference
 // values exactly 0 with `row_empty(r)` true) must be exactly 0. NaN never passes. `worst`
-// (optional) receives the largest |err| / allowed over non-empty rows.
+// (optional) receives the largest |err| / allowed over non-empty rows; `extra` (optional) adds
+// its out_rel[r] * ref_abs to row r's allowance.
 template <typename Got, typename Ref, typename RefAbs, typename Empty>
 ::testing::AssertionResult compare_rows(const char* what, int64_t rows, int64_t width,
                                         OutTolerance tol, Got got, Ref ref, RefAbs ref_abs,
-                                        Empty row_empty, double* worst_out = nullptr) {
+                                        Empty row_empty, double* worst_out = nullptr,
+                                        const RowAllowance* extra = nullptr) {
   int64_t bad = 0;
   double worst = 0.0;  // largest |err| / allowed
   std::ostringstream msg;
@@ -232,12 +245,13 @@ template <typename Got, typename Ref, typename RefAbs, typename Empty>
     double row_max = 0.0;
     for (int64_t c = 0; c < width; ++c) row_max = std::max(row_max, std::fabs(ref(r, c)));
     const bool empty = row_empty(r);
+    const double rel = tol.p_rel + (extra != nullptr ? extra->out(r) : 0.0);
     for (int64_t c = 0; c < width; ++c) {
       const double g = got(r, c);
       const double x = ref(r, c);
       const double allowed = empty ? 0.0
                                    : tol.atol_row * row_max + tol.rtol * std::fabs(x) +
-                                         tol.atol_abs + tol.p_rel * ref_abs(r, c);
+                                         tol.atol_abs + rel * ref_abs(r, c);
       const double err = std::fabs(g - x);
       const bool ok = !std::isnan(g) && std::isfinite(x) && err <= allowed;
       if (!empty && allowed > 0) worst = std::max(worst, err / allowed);
@@ -256,13 +270,15 @@ template <typename Got, typename Ref, typename RefAbs, typename Empty>
   return ::testing::AssertionFailure()
          << bad << " of " << rows * width << " " << what << " values out of tolerance (rtol "
          << tol.rtol << ", atol " << tol.atol_row << " * row max + " << tol.atol_abs << ", p_rel "
-         << tol.p_rel << ")" << msg.str();
+         << tol.p_rel << (extra != nullptr ? " + the row's rounding allowance" : "") << ")"
+         << msg.str();
 }
 
-// lse: -inf exactly where the reference is -inf, else within kLseAtol + kLseRtol * |ref|.
+// lse: -inf exactly where the reference is -inf, else within kLseAtol + kLseRtol * |ref| (plus
+// `extra`'s lse_abs[r], where given).
 template <typename Got, typename Ref>
-::testing::AssertionResult compare_lse(int64_t count, Got got, Ref ref,
-                                       double* worst_out = nullptr) {
+::testing::AssertionResult compare_lse(int64_t count, Got got, Ref ref, double* worst_out = nullptr,
+                                       const RowAllowance* extra = nullptr) {
   int64_t bad = 0;
   double worst = 0.0;
   std::ostringstream msg;
@@ -273,7 +289,8 @@ template <typename Got, typename Ref>
     if (std::isinf(x)) {
       ok = g == x;
     } else {
-      const double allowed = kLseAtol + kLseRtol * std::fabs(x);
+      const double allowed =
+          kLseAtol + kLseRtol * std::fabs(x) + (extra != nullptr ? extra->lse(r) : 0.0);
       ok = std::isfinite(g) && std::fabs(g - x) <= allowed;
       if (std::isfinite(g)) worst = std::max(worst, std::fabs(g - x) / allowed);
     }
@@ -286,7 +303,8 @@ template <typename Got, typename Ref>
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << bad << " of " << count << " lse values out of tolerance (atol " << kLseAtol << ", rtol "
-         << kLseRtol << ")" << msg.str();
+         << kLseRtol << (extra != nullptr ? ", + the row's rounding allowance" : "") << ")"
+         << msg.str();
 }
 
 }  // namespace mla_test

@@ -230,6 +230,50 @@ TEST(Sm90Route, Table) {
   });
 }
 
+// Sparse calls by head count and format: one few-rows CTA (16 or 32 padded rows) or
+// ceil(H / 64) seesaw tiles per token, never paired or scheduled, the splits of a token's
+// min(top_k, max_seq_len) keys filling one wave (two blocks per split at least on the few-rows
+// kernel); the switches apply as to dense calls.
+TEST(Sm90Route, SparseShapes) {
+  expect_routes({
+      {"B1 H16, top_k 2048: 16 splits of two blocks", dense(1, 16, 1).sparse(2048),
+       "few_rows splits=16 rows=16 sparse combine"},
+      {"H20 q2: 32 padded rows", dense(2, 20, 2).sparse(256),
+       "few_rows splits=2 rows=32 sparse combine"},
+      {"bf16 query, fp8 cache, pages of 1",
+       dense(4, 16, 1).sparse(2048).dtypes(kBf16, kFp8).pages(1),
+       "few_rows splits=16 rows=16 sparse combine"},
+      {"max_seq_len below top_k: the keys a token can count",
+       dense(1, 16, 1).sparse(2048).keys(100), "few_rows splits=1 rows=16 sparse"},
+      {"256 tokens: a split each", dense(128, 16, 2).sparse(2048),
+       "few_rows splits=1 rows=16 sparse"},
+      {"H48: one tile with padding rows", dense(2, 48, 1).sparse(2048),
+       "seesaw splits=32 tiles=1 sparse combine"},
+      {"H96: a partial second tile", dense(2, 96, 2).sparse(128),
+       "seesaw splits=2 tiles=2 sparse combine"},
+      {"fp16, H128", dense(4, 128, 1).sparse(2048).dtypes(kFp16, kFp16),
+       "seesaw splits=16 tiles=2 sparse combine"},
+      {"fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+       "seesaw splits=16 tiles=2 sparse combine"},
+      {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
+       "seesaw splits=2 tiles=1 sparse combine"},
+  });
+  Switches sw;
+  sw.kernel = Switches::Kernel::kSeesaw;
+  expect_routes({{"H16 on the seesaw kernel", dense(1, 16, 1).sparse(2048),
+                  "seesaw splits=32 tiles=1 sparse combine"}},
+                sw);
+  sw.kernel = Switches::Kernel::kSimt;
+  expect_routes({{"the SIMT kernel: 256 keys per split at least", dense(1, 16, 1).sparse(2048),
+                  "simt splits=8 combine"}},
+                sw);
+  sw = Switches();
+  sw.max_splits = 4;
+  expect_routes({{"at most 4 splits", dense(1, 16, 1).sparse(2048),
+                  "few_rows splits=4 rows=16 sparse combine"}},
+                sw);
+}
+
 // Pairs need the device to hold the whole grid (tiles x parts) in clusters of two at once.
 TEST(Sm90Route, PairsOnlyWhereTheDeviceHoldsTheGrid) {
   expect_routes({{"128 CTAs, 10 clusters of two", dense(128, 128, 4),

@@ -88,6 +88,8 @@ bool sparse_shape_ok(const Problem& p, const Switches& sw) {
   const int64_t kv_bytes = p.kv_dtype.bits / 8, q_vec = 128 / p.q_dtype.bits;
   if (p.kv_row_stride * kv_bytes % 16 != 0 || p.kv_page_stride * kv_bytes % 16 != 0) return false;
   if (p.q.batch % q_vec != 0 || p.q.token % q_vec != 0 || p.q.head % q_vec != 0) return false;
+  // The gather holds a row's offset in 16-byte units in 32 bits (tma::slot_row16): 64 GiB.
+  if (p.num_pages * p.kv_page_stride * kv_bytes > (int64_t{1} << 36)) return false;
   return p.num_tokens <= 65535;  // grid.y
 }
 

@@ -39,8 +39,8 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& 
   hi.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.w >> 16));
 }
 
-// Two e4m3 values times `scale` as two bf16 values, each rounded once (the fp8_ds_mla cache: the
-// e4m3 value and its fp32 scale multiply exactly in fp32, the product rounds to bf16).
+// Two e4m3 values times `scale` as two bf16 values (the fp8_ds_mla cache): the product rounds to
+// fp32, then to bf16, within 2^-9 + 2^-23 of the exact product (tests/common/fp8_ds_mla.h).
 __device__ __forceinline__ uint32_t widen_scaled_e4m3x2(uint16_t two, float scale) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
   const float2 f = __half22float2(__half2(h));
