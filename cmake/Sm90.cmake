@@ -34,6 +34,8 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/few_rows/few_rows_bf16_fp8_r32.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r16.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r32.cu
+    src/sm90/decode/few_rows/few_rows_bf16_ds_mla_r16.cu
+    src/sm90/decode/few_rows/few_rows_bf16_ds_mla_r32.cu
     # ... and its sparse instantiations (one file per (query, kv_cache) pair, both row counts).
     src/sm90/decode/few_rows/few_rows_sparse_bf16.cu
     src/sm90/decode/few_rows/few_rows_sparse_fp16.cu
@@ -45,6 +47,7 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/seesaw/seesaw_fp16.cu
     src/sm90/decode/seesaw/seesaw_bf16_fp8.cu
     src/sm90/decode/seesaw/seesaw_fp8_fp8.cu
+    src/sm90/decode/seesaw/seesaw_bf16_ds_mla.cu
     # ... and its sparse instantiations (one file per (query, kv_cache) pair).
     src/sm90/decode/seesaw/seesaw_sparse_bf16.cu
     src/sm90/decode/seesaw/seesaw_sparse_fp16.cu

@@ -189,12 +189,12 @@ inline double sm90_p_rel(const Built& b) {
 inline void check_sm90(const Built& b) { decode_case::check_against_oracle(b, sm90_p_rel(b)); }
 
 // check_sm90 for a call over an fp8_ds_mla cache (fp8_ds_mla::use_fp8_ds_mla, b.c.kv_dtype bf16)
-// that took `route`. The gather kernels (route.sparse) round each dequantized latent value to bf16
-// and P to bf16 for their bf16 GEMMs: sm90_p_rel plus fp8_ds_mla::dequant_rounding_allowance. The
-// SIMT kernel dequantizes in fp32 and keeps P in fp32: only the partials' rounding to the out
+// that took `route`. The gather kernels (any route but SIMT) round each dequantized latent value to
+// bf16 and P to bf16 for their bf16 GEMMs: sm90_p_rel plus fp8_ds_mla::dequant_rounding_allowance.
+// The SIMT kernel dequantizes in fp32 and keeps P in fp32: only the partials' rounding to the out
 // type.
 inline void check_sm90_ds_mla(const Built& b, const mla::detail::sm90::Route& route) {
-  if (route.sparse) {
+  if (route.kernel != mla::detail::sm90::Kernel::kSimt) {  // the gather kernels
     const RowAllowance rounding = fp8_ds_mla::dequant_rounding_allowance(b.in);
     decode_case::check_against_oracle(b, sm90_p_rel(b), &rounding);
   } else {

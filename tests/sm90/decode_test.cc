@@ -1543,11 +1543,12 @@ TEST(Sm90DecodeDsMla, DenseAndSparseMatchTheOracle) {
     std::vector<uint8_t> cache;
     mla_test::fp8_ds_mla::use_fp8_ds_mla(*b, cache);
     DeviceCall call(*b, &cache);
-    // Dense calls run on the SIMT kernel, sparse ones on the gather kernels (which round the
-    // dequantized values to bf16: check_sm90_ds_mla).
+    // Dense and sparse calls run on the gather kernels (which round the dequantized values to
+    // bf16: check_sm90_ds_mla): H 16 q_len 2 on the few-rows kernel, the others on the seesaw.
     const Route route = route_on_device(call.params);
     if (std::getenv("MLA_SM90_KERNEL") == nullptr) {
-      EXPECT_EQ(route.kernel, c.top_k > 0 ? Kernel::kSeesaw : Kernel::kSimt);
+      EXPECT_EQ(route.kernel,
+                c.H * c.q_len <= 32 && c.top_k == 0 ? Kernel::kFewRows : Kernel::kSeesaw);
     }
     ASSERT_TRUE(run_on_gpu(call.params));
     call.download(*b);

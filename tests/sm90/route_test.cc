@@ -221,7 +221,10 @@ TEST(Sm90Route, Table) {
       {"sparse, kv rows not 16-byte aligned", dense(4, 128, 1).sparse(2048).padded_kv_rows(4),
        "simt splits=8 combine"},
       // Everything else: the SIMT kernel.
-      {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(), "simt splits=9 combine"},
+      {"fp8_ds_mla cache, dense: gathered by position, unpaired", dense(4, 128, 1).fp8_ds_mla(),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"fp8_ds_mla cache, dense, H x q_len <= 32, pages of 1",
+       dense(8, 16, 2).fp8_ds_mla().pages(1), "few_rows splits=16 rows=32 combine"},
       {"pages of 8", dense(4, 128, 1).pages(8), "simt splits=9 combine"},
       {"kv rows not 16-byte aligned", dense(4, 128, 1).padded_kv_rows(4), "simt splits=9 combine"},
       // No query token: no decode kernel.
@@ -338,7 +341,7 @@ TEST(Sm90Route, MaxSplitsSwitch) {
   Switches sw;
   sw.max_splits = 4;
   expect_routes({{"few rows", dense(1, 16, 1), "few_rows splits=4 rows=16 combine"},
-                 {"fp8_ds_mla", dense(4, 128, 1).fp8_ds_mla(), "simt splits=4 combine"}},
+                 {"SIMT (pages of 8)", dense(4, 128, 1).pages(8), "simt splits=4 combine"}},
                 sw);
 }
 

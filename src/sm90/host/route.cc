@@ -49,14 +49,20 @@ bool tma_shape_ok(const Problem& p, const Switches& sw) {
   if (sw.kernel == Switches::Kernel::kSimt || p.sparse || p.D != kKvLoraRank + kRopeHeadDim) {
     return false;
   }
-  if (p.kv_format != KvFormat::kPlain) return false;  // fp8_ds_mla: the SIMT kernel
-  const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16;
+  // fp8_ds_mla (bf16 query): gathered by position, widened with its scales (tma/gather.cuh); any
+  // page size, its offsets within 64 GiB.
+  const bool ds_mla = p.kv_format == KvFormat::kFp8DsMla;
+  if (ds_mla &&
+      (p.q_dtype != dtype::kBFloat16 || p.num_pages * p.kv_page_stride > (int64_t{1} << 36))) {
+    return false;
+  }
+  const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16 && !ds_mla;
   const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
   // e4m3 caches are widened to 16 bits in shared memory (docs/sm90-fp8.md).
   const bool fp8_cache = p.kv_dtype == dtype::kFloat8E4M3 &&
                          (p.q_dtype == dtype::kBFloat16 || p.q_dtype == dtype::kFloat8E4M3);
-  if (!bf16 && !fp16 && !fp8_cache) return false;
-  if (p.page_size < kMinTmaPageSize || p.page_size > kMaxPageSize) return false;
+  if (!bf16 && !fp16 && !fp8_cache && !ds_mla) return false;
+  if (!ds_mla && (p.page_size < kMinTmaPageSize || p.page_size > kMaxPageSize)) return false;
   // 16-byte-aligned strides: TMA (kv rows and pages) and vector loads (query rows).
   const int64_t kv_vec = 128 / p.kv_dtype.bits, q_vec = 128 / p.q_dtype.bits;
   if (p.kv_row_stride % kv_vec != 0 || p.kv_page_stride % kv_vec != 0) return false;
@@ -271,7 +277,7 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     // NOTE: fp8 caches run unpaired: the widening warps of each CTA would need the other CTA's
     // boxes too (docs/sm90-fp8.md).
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
-             p.kv_dtype != dtype::kFloat8E4M3 &&
+             p.kv_dtype != dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
   } else {
     r.kernel = Kernel::kSimt;

@@ -286,6 +286,9 @@ cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl);
   }
+  if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
+    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8DsMla, N>(k, kv_map, stream, pdl);
+  }
   MLA_FAIL(ErrorCode::kUnsupported,
            "backend sm90: no few-rows kernel for this (query, kv_cache) pair");
 }
@@ -309,6 +312,10 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(
+        k, kv_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+  }
+  if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8DsMla>(
         k, kv_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported,
@@ -423,10 +430,12 @@ void run(const Problem& p, const DecodeParams& prm) {
   const Elem q = elem_of(p.q_dtype);
   const Elem kv = p.kv_format == KvFormat::kFp8DsMla ? Elem::kFp8DsMla : elem_of(p.kv_dtype);
   CUtensorMap kv_map;
-  // Sparse calls gather with 16-byte copies: 16-byte-aligned query and kv_cache, no tensor map.
-  const bool ready = route.sparse ? reinterpret_cast<uintptr_t>(k.query) % 16 == 0 &&
-                                        reinterpret_cast<uintptr_t>(k.kv) % 16 == 0
-                                  : tma_ready(k, kv, &kv_map);
+  // Gathered blocks (sparse calls, the fp8_ds_mla cache) take 16-byte copies: 16-byte-aligned
+  // query and kv_cache, no tensor map.
+  const bool gather = route.sparse || kv == Elem::kFp8DsMla;
+  const bool ready = gather ? reinterpret_cast<uintptr_t>(k.query) % 16 == 0 &&
+                                  reinterpret_cast<uintptr_t>(k.kv) % 16 == 0
+                            : tma_ready(k, kv, &kv_map);
   if ((route.kernel == Kernel::kFewRows || route.kernel == Kernel::kSeesaw) && !ready) {
     route = simt_fallback(route);
     k.num_splits = static_cast<int32_t>(route.layout.splits);

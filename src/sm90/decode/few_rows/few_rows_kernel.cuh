@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
-  static_assert(kSparse || KV != Elem::kFp8DsMla, "fp8_ds_mla: sparse calls only");
+  // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
+  constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
   const tma::TileWork w = kSparse ? tma::resolve_sparse_tile(p, 0) : tma::resolve_tile(p);
   if (w.row0 >= w.rows) return;  // a request without query rows
   const int64_t partial_row0 =
@@ -88,9 +89,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     return;
   }
   // The producer warpgroup's registers: 56 where it widens or gathers.
-  constexpr bool kWideProducer = F::kFp8Cache || kSparse;
+  constexpr bool kWideProducer = F::kFp8Cache || kGather;
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (kSparse) {
+  if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
     tma::init_ring_barriers<Traits, false, F::kFp8Cache>(smem, issuers);
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   if (wg == 0) {
     // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
     tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
-    if constexpr (kSparse) {
-      tma::gather_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0);
+    if constexpr (kGather) {
+      tma::gather_blocks<Traits, KV, false, kSparse>(p, w, smem, threadIdx.x, 0, 0);
       return;
     } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.

@@ -112,9 +112,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Cursor = std::conditional_t<kSparse, tma::SparseCursor,
                                     std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
   static_assert(!kSparse || !(kDirect || kPair || kClean), "sparse calls: their own cursor");
-  static_assert(kSparse || KV != Elem::kFp8DsMla, "fp8_ds_mla: sparse calls only");
+  // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
+  constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
+  static_assert(!(kGather && kPair), "gathered blocks run unpaired");
   // The producer warpgroup's registers: 56 where it widens or gathers.
-  constexpr bool kWideProducer = F::kFp8Cache || kSparse;
+  constexpr bool kWideProducer = F::kFp8Cache || kGather;
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (kSparse) {
+  if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
     tma::init_ring_barriers<Traits, kPair, F::kFp8Cache>(smem, issuers);
@@ -146,12 +148,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
     tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
-    if constexpr (kSparse) {
+    if constexpr (kGather) {
       uint32_t used0, used1;
-      tma::walk_segments<Cursor>(p, used0, used1,
-                                 [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-                                   tma::gather_blocks<Traits, KV>(p, w, smem, threadIdx.x, u0, u1);
-                                 });
+      tma::walk_segments<Cursor>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::gather_blocks<Traits, KV, true, kSparse>(p, w, smem, threadIdx.x, u0, u1);
+          });
       return;
     } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
@@ -812,7 +814,8 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<tma::Formats<Q, KV>::kCompute>;
-  constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache;  // fp8 caches run unpaired
+  // fp8 caches run unpaired (widened per CTA), as do fp8_ds_mla's gathered blocks
+  constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache && KV != Elem::kFp8DsMla;
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
   if (pair && (direct_split || clean || !kPairs)) return cudaErrorInvalidValue;  // none built

@@ -95,7 +95,9 @@ __device__ __forceinline__ const uint8_t* row_at(const DecodeKernelParams& p, ui
 // -1 land as zeros (their V rows are then 0; the consumers mask their scores).
 // kCoupled: a consumer may hold a stage until the next block is ready (the seesaw kernel): e4m3
 // rows are then copied and widened as each becomes possible (polled), not in a fixed order.
-template <typename Traits, Elem KV, bool kCoupled = true>
+// kSparse: key j's row is the token's entry j (w.slots); else, a dense call's (the fp8_ds_mla
+// cache), position j through the request's block table.
+template <typename Traits, Elem KV, bool kCoupled = true, bool kSparse = true>
 __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const TileWork& w,
                                               typename Traits::SharedMemoryPlan& smem, int tid,
                                               uint32_t used0, uint32_t used1) {
@@ -110,12 +112,23 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   // The entry of key `key` of the token (-1 past the counted ones).
   // NOTE: each block's entries are loaded while the previous block waits for its stage: read at
   // the copy, they put an L2 round trip before every block's gather (docs/sm90-sparse.md).
-  auto entry = [&](int key) { return key < w.extent ? __ldg(w.slots + key) : -1; };
+  auto entry = [&](int key) -> int {
+    if (key >= w.extent) return -1;
+    if constexpr (kSparse) {
+      return __ldg(w.slots + key);
+    } else {
+      const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
+      return __ldg(table + (key >> p.page_shift)) * p.page_size + (key & (p.page_size - 1));
+    }
+  };
   // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given.
+  // (Dense calls: nothing; the consumers read the entries of sparse calls only.)
   auto copy_slot = [&](int stage, int key0, int r) {
-    const int key = key0 + r;
-    cp_async_4(&smem.slot[stage][r], key < w.extent ? w.slots + key : w.slots,
-               key < w.extent ? 4u : 0u);
+    if constexpr (kSparse) {
+      const int key = key0 + r;
+      cp_async_4(&smem.slot[stage][r], key < w.extent ? w.slots + key : w.slots,
+                 key < w.extent ? 4u : 0u);
+    }
   };
 
   if constexpr (!G::kE4m3) {
