@@ -428,8 +428,12 @@ inline std::unique_ptr<Built> build(const Case& c) {
             slot = live[rng.randint(0, static_cast<int>(live.size()) - 1)];
           }
         } else {
-          slot = rng.coin(0.5) ? dead[rng.randint(0, static_cast<int>(dead.size()) - 1)]
-                               : live[rng.randint(0, static_cast<int>(live.size()) - 1)];
+          // Past the counted entries: a NaN row, a live row, or a slot past the pool, none of
+          // which may be read.
+          const int pick = rng.randint(0, 2);
+          slot = pick == 0   ? dead[rng.randint(0, static_cast<int>(dead.size()) - 1)]
+                 : pick == 1 ? live[rng.randint(0, static_cast<int>(live.size()) - 1)]
+                             : static_cast<int32_t>(b.num_pages) * c.page_size + 7 + e;
         }
       }
     }
