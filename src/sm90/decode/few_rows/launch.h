@@ -23,7 +23,6 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout.
 template <Elem Q, Elem KV, int kRows>
-cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream,
-                                   bool pdl);
+cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl);
 
 }  // namespace mla::sm90::few_rows

@@ -115,7 +115,7 @@ struct SeesawTraits {
     int64_t lse_row[kRows];
     float out_sink[kRows];
     float out_scale[kRows];
-    const uint4* query_row[kRows];      // the query tile's row addresses (null: padding)
+    const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
     // Sparse calls (tma/gather.cuh): the block's entries (-1: no key; 0 past the counted ones),
     // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];
