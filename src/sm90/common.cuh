@@ -27,6 +27,22 @@ namespace mla::sm90 {
 inline constexpr float kNegInf = -__builtin_huge_valf();
 inline constexpr float kInf = __builtin_huge_valf();
 
+// The request of global query token t: with cum_seq_lens_q the one whose range [cum[b], cum[b + 1])
+// holds t (the last b with cum[b] <= t), else t / q_len.
+__device__ __forceinline__ int request_of_token(const DecodeKernelParams& p, int t) {
+  if (p.cum_seq_lens_q == nullptr) return t / p.q_len;
+  int lo = 0, hi = p.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.cum_seq_lens_q[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // max(a, b) that returns NaN when either is NaN (fmaxf returns the other operand): a NaN score
 // then reaches the row's max, sum and out instead of vanishing (contract section 1).
 __device__ __forceinline__ float fmax_nan(float a, float b) {

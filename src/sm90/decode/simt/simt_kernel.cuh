@@ -29,16 +29,7 @@ __device__ __forceinline__ TokenInfo resolve_token(const DecodeKernelParams& p, 
   TokenInfo tok;
   tok.t = t;
   if (p.cum_seq_lens_q != nullptr) {
-    // The request whose range [cum[b], cum[b + 1]) holds t: the last b with cum[b] <= t.
-    int lo = 0, hi = p.batch - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.cum_seq_lens_q[mid] <= t) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
+    const int lo = request_of_token(p, t);
     tok.b = lo;
     tok.i = t - p.cum_seq_lens_q[lo];
     tok.n = p.cum_seq_lens_q[lo + 1] - p.cum_seq_lens_q[lo];

@@ -152,7 +152,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       uint32_t row16[4], n[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        row16[j] = slot_row16(p, next[j], 2);
+        row16[j] = slot_row16(p, next[j], G::kElemBytes);
         n[j] = next[j] >= 0 ? 16u : 0u;
       }
       load_entries(it + 1);
@@ -204,7 +204,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       uint32_t valid = 0;  // bit j: row r0 + 8 j names a key
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        row16[j] = slot_row16(p, next[j], 1);
+        row16[j] = slot_row16(p, next[j], G::kElemBytes);
         valid |= next[j] >= 0 ? 1u << j : 0u;
       }
       load_entries(it + 1);

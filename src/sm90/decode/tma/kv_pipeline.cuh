@@ -71,22 +71,7 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
 __device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile) {
   TileWork w;
   const int t = blockIdx.y;
-  int b;
-  if (p.cum_seq_lens_q != nullptr) {
-    // The request whose range [cum[b], cum[b + 1]) holds t: the last b with cum[b] <= t.
-    int lo = 0, hi = p.batch - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.cum_seq_lens_q[mid] <= t) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    b = lo;
-  } else {
-    b = t / p.q_len;
-  }
+  const int b = request_of_token(p, t);
   resolve_request(p, b, w);
   const int i = t - w.token0;
   w.row0 = i * p.num_heads + tile * kTileRows;
