@@ -122,6 +122,13 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     }
   };
   // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given.
+  // The entries of block `it`'s rows r0 + stride j into rows[j] (-1 past the run).
+  auto load_rows = [&](auto& rows, int it, int r0, int stride) {
+    constexpr int kRows = sizeof(rows) / sizeof(rows[0]);
+    const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) rows[j] = it < num_blocks ? entry(key0 + r0 + stride * j) : -1;
+  };
   // (Dense calls: nothing; the consumers read the entries of sparse calls only.)
   auto copy_slot = [&](int stage, int key0, int r) {
     if constexpr (kSparse) {
@@ -138,11 +145,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     const int q = lane & 7;
     const int r0 = 16 * warp + (lane >> 3);
     int next[4];  // the entries of the next block's rows
-    auto load_entries = [&](int it) {
-      const int key0 = (w.block_begin + it) * kKeys;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 4 * j) : -1;
-    };
+    auto load_entries = [&](int it) { load_rows(next, it, r0, 4); };
     load_entries(0);
 #pragma unroll 1
     for (int it = 0; it < num_blocks; ++it) {
@@ -190,11 +193,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
     auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
     int next[8];  // the entries of the next block's rows
-    auto load_entries = [&](int it) {
-      const int key0 = (w.block_begin + it) * kKeys;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 8 * j) : -1;
-    };
+    auto load_entries = [&](int it) { load_rows(next, it, r0, 8); };
     load_entries(0);
     // Copies block `it` into its stage, which the consumers have released.
     auto issue = [&](int it) {
