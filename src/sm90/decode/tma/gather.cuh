@@ -121,7 +121,6 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       return __ldg(table + (key >> p.page_shift)) * p.page_size + (key & (p.page_size - 1));
     }
   };
-  // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given.
   // The entries of block `it`'s rows r0 + stride j into rows[j] (-1 past the run).
   auto load_rows = [&](auto& rows, int it, int r0, int stride) {
     constexpr int kRows = sizeof(rows) / sizeof(rows[0]);
@@ -129,7 +128,8 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 #pragma unroll
     for (int j = 0; j < kRows; ++j) rows[j] = it < num_blocks ? entry(key0 + r0 + stride * j) : -1;
   };
-  // (Dense calls: nothing; the consumers read the entries of sparse calls only.)
+  // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given. (Dense
+  // calls: nothing; the consumers read the entries of sparse calls only.)
   auto copy_slot = [&](int stage, int key0, int r) {
     if constexpr (kSparse) {
       const int key = key0 + r;
