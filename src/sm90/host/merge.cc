@@ -42,7 +42,6 @@ void merge_states(const MergeProblem& p, const MergeParams& prm) {
   k.rows = static_cast<int>(p.num_tokens * p.num_heads);
   const int vec = vector_width(p, prm);
   k.vecs_per_row = static_cast<int>((p.L + vec - 1) / vec);
-  k.items = static_cast<int64_t>(k.rows) * k.vecs_per_row;
   k.part_stride = p.part_stride;
   k.part_token = p.part_token;
   k.part_head = p.part_head;

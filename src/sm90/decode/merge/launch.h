@@ -22,8 +22,7 @@ struct MergeKernelParams {
   int num_heads;     // H
   int L;             // values per row
   int rows;          // T * H
-  int vecs_per_row;  // ceil(L / values per vector)
-  int64_t items;     // rows * vecs_per_row: one thread each
+  int vecs_per_row;  // ceil(L / values per vector) >= 1
 
   int64_t part_stride, part_token, part_head;              // out_parts
   int64_t lse_part_stride, lse_part_token, lse_part_head;  // lse_parts
@@ -33,11 +32,11 @@ struct MergeKernelParams {
   int sinks_elem;                                          // 0 fp32, 1 bf16, 2 fp16
 };
 
-// Values per thread: 8 (one 16-byte vector) where L, every row stride and both base addresses
-// allow 16-byte accesses; 1 otherwise.
+// Values per vector: 8 (16 bytes) where L, every row stride and both base addresses allow 16-byte
+// accesses; 1 otherwise. Each thread takes several vectors of a row (merge_kernel.cuh).
 inline constexpr int kMergeWideVec = 8;
 
-// Launches the merge kernel of out type Out with `vec` values per thread (kMergeWideVec or 1).
+// Launches the merge kernel of out type Out with `vec` values per vector (kMergeWideVec or 1).
 template <Elem Out>
 cudaError_t launch_merge(const MergeKernelParams& params, int vec, cudaStream_t stream, bool pdl);
 

@@ -1,16 +1,22 @@
 // Merge kernel: N partial states (out_r, lse_r) of each (token, head) row into out and lse
 // (include/mla/merge.h, docs/context-parallel.md).
 //
-// Grid: one thread per (row, vector of kVec values), rows = T x H in token-major order, kVec
-// consecutive values of a row per thread (8: one 16-byte load per part). Per row, with
-// M = max_r lse_r, w_r = exp(lse_r - M), S = sum_r w_r:
+// Per row, with M = max_r lse_r, w_r = exp(lse_r - M), S = sum_r w_r:
 //   out = (sum_r w_r * out_r) / (S + exp(sink_h - M)),  lse = M + log(S)
 // an empty row (every lse_r = -inf) gets out = 0, lse = -inf, a NaN (or +inf) lse_r a NaN row.
 // Sums run in part order (bitwise identical run to run, and the cpu backend's order).
 //
-// One pass over the bytes: each part's vector is loaded once, kBatch parts in flight per thread;
-// the lse values of a row are read by each of its threads (one 32-byte sector, from L1 after the
-// first).
+// Grid: rows = T x H in token-major order, cut into vectors of kVec values (8: one 16-byte load
+// per part; 1 where L, a stride or an address is not a whole number of 16 bytes). A row's V
+// vectors go to C = ceil(V / kVecsPerThread) thread columns: column c takes vectors c, c + C,
+// c + 2C, c + 3C (those below V), so each load of a warp reads runs of consecutive vectors of one
+// or more rows (L 512: C 16, a warp reads two rows' 256-byte runs per load). Block (chunk of
+// columns, rows) of at most kMergeThreads threads (merge_shape); grid x over groups of block rows,
+// y (and z past 65535) over a row's column chunks, usually one.
+//
+// One pass over the bytes: each part's vector is loaded once, the first kBatch parts' vectors all
+// in flight before anything waits; the lse values of a row are read by each of its threads (one
+// 32-byte sector, from L1 after the first).
 #pragma once
 
 #include <cstdint>
@@ -21,10 +27,16 @@
 namespace mla::sm90::merge {
 
 inline constexpr int kMergeThreads = 256;
-// NOTE: two parts in flight and at most 64 registers (four CTAs of 256 threads per SM): at 2 parts
-// of [1024, 128, 512] bf16 on an H200 the merge ran at 43% of copy bandwidth with four parts in
-// flight at 80 registers (three CTAs), 55% so (docs/perf-notes.md).
-inline constexpr int kBatch = 2;  // parts whose vectors are in flight at once
+// NOTE: bytes in flight per SM set this kernel's speed (docs/perf-notes.md, the merge). With one
+// vector per thread (32 bytes in flight per thread at 2 parts, 32 KB per SM) the merge ran at 55%
+// of copy bandwidth on an H200: each thread also paid a 64-bit division, two dependent lse
+// reads, a CTA launch and a DRAM round trip for 48 bytes moved. Reads at 80% of copy bandwidth
+// (~2.3 TB/s) times ~1 us of loaded latency need ~17 KB per SM in flight at every moment on 132
+// SMs; four vectors per thread put 128 bytes per thread (128 KB per SM at four CTAs) in flight and
+// amortize the rest over four times the bytes. Eight would hold 32 more registers of vectors (two
+// CTAs: the same bytes in flight, half the warps to hide the arithmetic).
+inline constexpr int kVecsPerThread = 4;  // vectors of one row per thread
+inline constexpr int kBatch = 2;          // parts whose vectors are in flight at once
 
 // kVec 16-bit values of one row: one 16-byte vector (kVec 8) or one value.
 template <int kVec>
@@ -87,8 +99,9 @@ __device__ __forceinline__ void store_packet(void* base, int64_t offset, const f
     uint32_t w[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) w[k] = narrow<Out>(v[2 * k]) | (narrow<Out>(v[2 * k + 1]) << 16);
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + offset) =
-        make_uint4(w[0], w[1], w[2], w[3]);
+    // NOTE: indexed in whole vectors (offset is a multiple of 8): through a uint16_t pointer the
+    // compiler split the stores of several vectors per thread into 4-byte stores.
+    static_cast<uint4*>(base)[offset >> 3] = make_uint4(w[0], w[1], w[2], w[3]);
   } else {
     static_cast<uint16_t*>(base)[offset] = static_cast<uint16_t>(narrow<Out>(v[0]));
   }
@@ -102,91 +115,189 @@ __device__ __forceinline__ float merge_sink(const MergeKernelParams& p, int h) {
   return static_cast<const float*>(p.sinks)[i];
 }
 
+// Thread columns of a row of `vecs_per_row` vectors (>= 1).
+__host__ __device__ __forceinline__ int merge_columns(int vecs_per_row) {
+  return (vecs_per_row - 1) / kVecsPerThread + 1;
+}
+
+// A thread's vectors of one part: vector u holds vector c + u * C of the row (values
+// (c + u * C) * kVec onwards), present where has[u].
+template <int kVec>
+using Vectors = Packet<kVec>[kVecsPerThread];
+using Present = bool[kVecsPerThread];
+
+// The thread's vectors of one part at `src` (vector u at src + u * step), streamed.
+template <int kVec>
+__device__ __forceinline__ void load_vectors(Vectors<kVec>& a, const uint16_t* src, int64_t step,
+                                             const Present& has) {
+#pragma unroll
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    if (has[u]) a[u] = load_packet<kVec>(src + u * step);
+  }
+}
+
+// acc += w_j * vector u of part j over the batch's parts, in part order; a part of weight 0 (empty,
+// or past the last part) is skipped.
 template <Elem Out, int kVec>
-__global__ void __launch_bounds__(kMergeThreads, 4)
+__device__ __forceinline__ void accumulate_batch(const Vectors<kVec> (&a)[kBatch], int u,
+                                                 const float (&w)[kBatch], float* acc) {
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    if (w[j] != 0.0f) accumulate<Out, kVec>(a[j][u], w[j], acc);
+  }
+}
+
+// out = acc * scale at `offset`; a NaN scale (a NaN row) stores NaN.
+template <Elem Out, int kVec>
+__device__ __forceinline__ void store_scaled(void* out, int64_t offset, const float* acc,
+                                             float scale) {
+  float v[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v[k] = isnan(scale) ? scale : acc[k] * scale;
+  store_packet<Out, kVec>(out, offset, v);
+}
+
+// kFewParts: num_parts <= kBatch, every part's vectors in flight at once and each vector's sum
+// stored as soon as it is formed. Otherwise any num_parts, kBatch parts at a time, the sums of all
+// of a thread's vectors held across the batches.
+template <Elem Out, int kVec, bool kFewParts>
+// NOTE: the few-parts kernel (the common case: two ranks) holds its 32 registers of vectors but no
+// sums across batches, so four CTAs of 256 threads fit (at most 64 registers): 128 bytes in
+// flight per thread, 128 KB per SM. The other holds 32 registers of sums beside them: two CTAs.
+__global__ void __launch_bounds__(kMergeThreads, kFewParts ? 4 : 2)
     merge_kernel(const __grid_constant__ MergeKernelParams p) {
-  // ---- prologue: indices only ----
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x;
-  const bool active = item < p.items;
-  const int row = active ? static_cast<int>(item / p.vecs_per_row) : 0;
-  const int c =
-      active ? static_cast<int>(item - static_cast<int64_t>(row) * p.vecs_per_row) * kVec : 0;
-  const int t = row / p.num_heads, h = row - t * p.num_heads;
+  // ---- prologue: indices only (32-bit: rows and vectors per row are within int32) ----
+  const int cols = merge_columns(p.vecs_per_row);
+  const unsigned row = blockIdx.x * blockDim.y + threadIdx.y;  // < 2^31 + 256
+  // Column chunk blockIdx.y + gridDim.y * blockIdx.z (z > 0 only past 65535 chunks).
+  const unsigned c = (blockIdx.z * gridDim.y + blockIdx.y) * blockDim.x + threadIdx.x;  // < 2^30
+  const bool active = row < static_cast<unsigned>(p.rows) && c < static_cast<unsigned>(cols);
+  const unsigned heads = static_cast<unsigned>(p.num_heads);
+  const int t = active ? static_cast<int>(row / heads) : 0;
+  const int h = active ? static_cast<int>(row % heads) : 0;
+  const int n = kFewParts ? min(p.num_parts, kBatch) : p.num_parts;
   const float* lse_row = p.lse_parts + t * p.lse_part_token + h * p.lse_part_head;
-  const uint16_t* part_row =
-      static_cast<const uint16_t*>(p.out_parts) + t * p.part_token + h * p.part_head + c;
+  const uint16_t* src = static_cast<const uint16_t*>(p.out_parts) + t * p.part_token +
+                        h * p.part_head + static_cast<int64_t>(c) * kVec;
+  const int64_t o = t * p.out_token + h * p.out_head + static_cast<int64_t>(c) * kVec;
+  const int64_t step = static_cast<int64_t>(cols) * kVec;  // between a thread's vectors
+  bool has[kVecsPerThread];  // c + u * cols < vecs_per_row (below 2^32: no wrap)
+#pragma unroll
+  for (int u = 0; u < kVecsPerThread; ++u) {
+    has[u] = c + u * static_cast<unsigned>(cols) < static_cast<unsigned>(p.vecs_per_row);
+  }
 
   pdl_wait();  // the parts come from the previous kernels (decode, exchange)
   pdl_launch_dependents();
   if (!active) return;
 
-  // NOTE: the first kBatch parts' vectors are loaded before anything waits on the lse reads, so
-  // that the two latencies overlap; an empty part's (w = 0) vector is read but never used.
-  Packet<kVec> first[kBatch] = {};
+  // NOTE: the lse values of the first kBatch parts, then all their vectors, then the sink are
+  // loaded before anything waits: the weights are formed while the vectors are in flight. An
+  // empty part's (w = 0) vectors are read but never used; a vector not loaded (past the row or
+  // the parts) is never read.
+  float l[kBatch];  // lse of the parts in a
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) l[j] = j < n ? lse_row[j * p.lse_part_stride] : kNegInf;
+  Vectors<kVec> a[kBatch];
 #pragma unroll
   for (int j = 0; j < kBatch; ++j) {
-    if (j < p.num_parts) first[j] = load_packet<kVec>(part_row + j * p.part_stride);
+    if (j < n) load_vectors<kVec>(a[j], src + j * p.part_stride, step, has);
   }
+  const float sink = merge_sink(p, h);
+
   // ---- M over the parts (NaN wins) ----
   float m = kNegInf;
-  for (int r = 0; r < p.num_parts; ++r) m = fmax_nan(m, lse_row[r * p.lse_part_stride]);
-
-  float acc[kVec];
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
+  for (int j = 0; j < kBatch; ++j) m = fmax_nan(m, l[j]);
+  for (int r = kBatch; r < n; ++r) m = fmax_nan(m, lse_row[r * p.lse_part_stride]);
+
+  // ---- weights w_r = exp(lse_r - M) (all 0 in an empty or NaN row), S, scale, lse ----
+  bool live = false;
+  float w[kBatch] = {};  // of the parts in a
   float scale = 0.0f, lse = kNegInf;
-  if (isnan(m) || m == -kNegInf) {
+  if (isnan(m) || m == kInf) {
     scale = lse = __int_as_float(0x7fffffff);  // a NaN (or +inf) part: the row is NaN
   } else if (m != kNegInf) {
-    // ---- the parts' vectors, kBatch in flight; S and acc in part order ----
-    float s = 0.0f;
-    for (int r0 = 0; r0 < p.num_parts; r0 += kBatch) {
-      Packet<kVec> a[kBatch] = {};
-      float w[kBatch];
+    live = true;
+    float s = 0.0f;  // in part order
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (r0 == 0) {
-          a[j] = first[j];
-        } else if (r0 + j < p.num_parts) {
-          a[j] = load_packet<kVec>(part_row + (r0 + j) * p.part_stride);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int r = r0 + j;
-        w[j] = r < p.num_parts ? expf(lse_row[r * p.lse_part_stride] - m) : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        if (r0 + j < p.num_parts) s += w[j];
-        if (w[j] != 0.0f) accumulate<Out, kVec>(a[j], w[j], acc);
+    for (int j = 0; j < kBatch; ++j) {
+      if (j < n) {
+        w[j] = expf(l[j] - m);
+        s += w[j];
       }
     }
+    for (int r = kBatch; r < n; ++r) s += expf(lse_row[r * p.lse_part_stride] - m);
     float denom = s;
-    const float sink = merge_sink(p, h);
     if (sink != kNegInf) denom += expf(sink - m);
     scale = __fdiv_rn(1.0f, denom);
     lse = m + logf(s);
   }
 
-  // ---- out and lse ----
-  float v[kVec];
+  // ---- out = scale * sum_r w_r out_r, each value's sum in part order ----
+  if constexpr (kFewParts) {
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) v[k] = isnan(scale) ? scale : acc[k] * scale;
-  const int64_t o = t * p.out_token + h * p.out_head + c;
-  store_packet<Out, kVec>(p.out, o, v);
+    for (int u = 0; u < kVecsPerThread; ++u) {
+      if (!has[u]) continue;
+      float acc[kVec] = {};
+      accumulate_batch<Out, kVec>(a, u, w, acc);
+      store_scaled<Out, kVec>(p.out, o + u * step, acc, scale);
+    }
+  } else {
+    float acc[kVecsPerThread][kVec] = {};
+    for (int r0 = 0; r0 < n; r0 += kBatch) {
+      if (r0 > 0) {  // the next batch (the first is in a)
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          w[j] = 0.0f;
+          if (r0 + j < n) {
+            load_vectors<kVec>(a[j], src + (r0 + j) * p.part_stride, step, has);
+            if (live) w[j] = expf(lse_row[(r0 + j) * p.lse_part_stride] - m);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kVecsPerThread; ++u) {
+        if (has[u]) accumulate_batch<Out, kVec>(a, u, w, acc[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVecsPerThread; ++u) {
+      if (has[u]) store_scaled<Out, kVec>(p.out, o + u * step, acc[u], scale);
+    }
+  }
   if (p.lse != nullptr && c == 0) p.lse[t * p.lse_token + h * p.lse_head] = lse;
+}
+
+// Block and grid of a merge of `rows` rows of `vecs_per_row` vectors: a row's thread columns in
+// the fewest chunks of at most kMergeThreads, as many rows per block as fit beside a chunk.
+inline void merge_shape(int rows, int vecs_per_row, dim3& grid, dim3& block) {
+  constexpr int kMaxGridY = 65535;
+  const int cols = merge_columns(vecs_per_row);
+  const int chunks = (cols - 1) / kMergeThreads + 1;
+  const int chunk_cols = (cols - 1) / chunks + 1;
+  const int block_rows = kMergeThreads / chunk_cols;
+  const int64_t row_blocks = (static_cast<int64_t>(rows) + block_rows - 1) / block_rows;
+  const int chunks_y = chunks < kMaxGridY ? chunks : kMaxGridY;
+  block = dim3(static_cast<unsigned>(chunk_cols), static_cast<unsigned>(block_rows));
+  grid = dim3(static_cast<unsigned>(row_blocks > 0 ? row_blocks : 1),
+              static_cast<unsigned>(chunks_y), static_cast<unsigned>((chunks - 1) / chunks_y + 1));
 }
 
 template <Elem Out>
 cudaError_t launch_merge(const MergeKernelParams& params, int vec, cudaStream_t stream, bool pdl) {
-  const int64_t blocks = (params.items + kMergeThreads - 1) / kMergeThreads;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(blocks > 0 ? blocks : 1)), block(kMergeThreads);
+  if (params.rows < 0 || params.vecs_per_row < 1) return cudaErrorInvalidValue;
+  dim3 grid, block;
+  merge_shape(params.rows, params.vecs_per_row, grid, block);
+  const bool few = params.num_parts <= kBatch;
   if (vec == kMergeWideVec) {
-    return launch(&merge_kernel<Out, kMergeWideVec>, grid, block, 0, stream, pdl, params);
+    return few ? launch(&merge_kernel<Out, kMergeWideVec, true>, grid, block, 0, stream, pdl,
+                        params)
+               : launch(&merge_kernel<Out, kMergeWideVec, false>, grid, block, 0, stream, pdl,
+                        params);
   }
-  return launch(&merge_kernel<Out, 1>, grid, block, 0, stream, pdl, params);
+  return few ? launch(&merge_kernel<Out, 1, true>, grid, block, 0, stream, pdl, params)
+             : launch(&merge_kernel<Out, 1, false>, grid, block, 0, stream, pdl, params);
 }
 
 }  // namespace mla::sm90::merge
