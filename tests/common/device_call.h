@@ -40,7 +40,7 @@ class DeviceCall {
   explicit DeviceCall(Built& b, const std::vector<uint8_t>* kv_bytes = nullptr)
       : params(b.params), kv_bytes_(kv_bytes) {
     params.backend = mla::Backend::kSm90;
-    for (auto& [view, host, bytes] : tensors(b)) {
+    for (auto& [view, host, bytes] : tensors(b, kv_bytes)) {
       (void)host;
       mla::TensorView& mine = params.*view;
       if (!mine.defined()) continue;
@@ -70,8 +70,11 @@ class DeviceCall {
 
   // Copies every input and the (poisoned) outputs of `b` into the device buffers; `b` must have
   // the shapes this call was made for.
-  void upload(Built& b, cudaStream_t stream = nullptr) {
-    auto host = tensors(b);
+  void upload(Built& b, cudaStream_t stream = nullptr) { upload(b, stream, kv_bytes_); }
+  // The same for a call whose kv_cache's host bytes are `kv_bytes` (an fp8_ds_mla cache other
+  // than the constructor's; nullptr: b.kv's).
+  void upload(Built& b, cudaStream_t stream, const std::vector<uint8_t>* kv_bytes) {
+    auto host = tensors(b, kv_bytes);
     for (size_t i = 0, k = 0; i < host.size(); ++i) {
       if (!(params.*host[i].view).defined()) continue;
       const Device& d = device_[k++];
@@ -85,7 +88,7 @@ class DeviceCall {
   // Copies out and lse back into `b`'s host buffers.
   void download(Built& b) {
     cuda_check(cudaDeviceSynchronize(), "decode");
-    auto host = tensors(b);
+    auto host = tensors(b, nullptr);  // the kv_cache's bytes are not read
     for (size_t i = 0, k = 0; i < host.size(); ++i) {
       if (!(params.*host[i].view).defined()) continue;
       const Device& d = device_[k++];
@@ -116,12 +119,12 @@ class DeviceCall {
   static size_t vec_bytes(const std::vector<T>& v) {
     return v.size() * sizeof(T);
   }
-  std::vector<Host> tensors(Built& b) const {
+  static std::vector<Host> tensors(Built& b, const std::vector<uint8_t>* kv_bytes) {
     using P = mla::DecodeParams;
     return {
         {&P::query, b.query.data(), b.query.bytes().size()},
-        kv_bytes_ != nullptr ? Host{&P::kv_cache, kv_bytes_->data(), kv_bytes_->size()}
-                             : Host{&P::kv_cache, b.kv.data(), b.kv.bytes().size()},
+        kv_bytes != nullptr ? Host{&P::kv_cache, kv_bytes->data(), kv_bytes->size()}
+                            : Host{&P::kv_cache, b.kv.data(), b.kv.bytes().size()},
         {&P::block_tables, b.block_tables.data(), vec_bytes(b.block_tables)},
         {&P::seq_lens, b.seq_lens.data(), vec_bytes(b.seq_lens)},
         {&P::cum_seq_lens_q, b.cum_seq_lens_q.data(), vec_bytes(b.cum_seq_lens_q)},

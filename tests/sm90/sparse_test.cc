@@ -8,6 +8,7 @@
 // from the whole pool, entries past each token's count naming other rows), and then every pool row
 // that no counted entry names is NaN: a gather that reads past a token's count, for a -1 entry or
 // at a wrong slot turns its rows NaN. Each case first checks the route it takes on this device.
+// Captured in a CUDA graph, a run reads new indices, lens, cache rows and scales at every replay.
 // Every test skips itself where no CUDA device of compute capability 9.0 is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -27,6 +28,7 @@
 #include "common/decode_case.h"
 #include "common/device_call.h"
 #include "common/fp8_ds_mla.h"
+#include "common/graph_replay.h"
 #include "common/hopper.h"
 #include "common/test_util.h"
 #include "mla/mla.h"
@@ -129,13 +131,14 @@ void expect_route(const Route& r, const SparseCase& s) {
 
 // The comparison with the oracle: the sm90 rounding of P and partials, and for an fp8_ds_mla cache
 // the gather kernels' rounding of its dequantized values (check_sm90_ds_mla).
-void check(const Prepared& p, const Route& route) {
-  if (p.ds_mla) {
-    check_sm90_ds_mla(*p.b, route);
+void check(const Built& b, bool ds_mla, const Route& route) {
+  if (ds_mla) {
+    check_sm90_ds_mla(b, route);
   } else {
-    check_sm90(*p.b);
+    check_sm90(b);
   }
 }
+void check(const Prepared& p, const Route& route) { check(*p.b, p.ds_mla, route); }
 
 class Sm90Sparse : public ::testing::TestWithParam<SparseCase> {};
 
@@ -402,6 +405,63 @@ TEST(Sm90SparseSkipSoftmax, TinyFactorGivesTheResultWithoutSkipping) {
     }
   }
 }
+
+// ---- CUDA graphs (contract section 6) ----------------------------------------------------------
+
+// One run captured in a graph, replayed with new inputs in the same buffers: new indices (with -1
+// entries and lists of -1 only), new per-token lens, a new query, new cache rows (the rows no
+// entry names NaN anew), and for per-tensor e4m3 caches new scale tensor values
+// (common/graph_replay.h). Every replay matches the oracle with its format's tolerance, and every
+// row that attends keys differs from the previous replay's: a kernel that read indices, lens,
+// scales or cache rows as they were at the capture (or at an earlier replay) fails.
+class Sm90SparseGraph : public ::testing::TestWithParam<SparseCase> {};
+
+TEST_P(Sm90SparseGraph, ReplaysReadNewIndicesLensAndCacheRows) {
+  SKIP_WITHOUT_HOPPER();
+  const SparseCase& s = GetParam();
+  Prepared p = prepare(s);
+  DeviceCall call(*p.b, p.kv_bytes());
+  const Route route = route_on_device(call.params);
+  expect_route(route, s);
+  CapturedRun graph;
+  ASSERT_TRUE(graph.capture(call.params));
+  auto make = [&](int k, std::vector<uint8_t>& kv_bytes) {
+    SparseCase next = s;
+    next.c = replay_case(s.c, k);
+    Prepared q = prepare(next);
+    kv_bytes = std::move(q.cache);
+    return std::move(q.b);
+  };
+  replay_with_new_inputs(call, graph, *p.b, 3, make,
+                         [&](const Built& b) { check(b, s.ds_mla, route); });
+}
+
+// Work split across the SMs (at least two splits per token) on both kernels: top_k 2048 (32 blocks
+// per token) with per-token lens over a bf16 cache, and the caches whose values the gather
+// dequantizes: fp8_ds_mla (its rows' own scales) and per-tensor e4m3 (bf16 or e4m3 query) with
+// bmm1 and bmm2 as device tensors.
+std::vector<SparseCase> graph_cases() {
+  std::vector<SparseCase> cases;
+  auto add = [&](SparseCase s, TopkLens lens, bool scale_tensors) {
+    s.c.topk_lens = lens;
+    s.c.scale_tensors = scale_tensors;
+    s.c.seed = 6000 + cases.size();
+    s.min_splits = 2;
+    cases.push_back(s);
+  };
+  add(sparse(2, 128, 2, 2048, {3000, 2500}, 64), TopkLens::kPerToken, false);
+  add(sparse(2, 16, 2, 2048, {4000, 3000}, 16), TopkLens::kPerToken, false);
+  add(with_format(sparse(2, 64, 2, 2048, {3000, 2049}, 64), Format::kDsMla), TopkLens::kPerToken,
+      false);
+  add(with_format(sparse(2, 128, 1, 1024, {1500, 1100}, 1), Format::kDsMla), TopkLens::kNone,
+      false);
+  add(with_format(sparse(2, 128, 2, 512, {900, 600}, 16), Format::kFp8), TopkLens::kPerToken, true);
+  add(with_format(sparse(2, 16, 2, 2048, {3000, 2100}, 64), Format::kBf16Fp8), TopkLens::kPerToken,
+      true);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Replays, Sm90SparseGraph, ::testing::ValuesIn(graph_cases()), param_name);
 
 // ---- Non-finite inputs (contract section 1.2) -------------------------------------------------
 
