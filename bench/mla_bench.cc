@@ -85,6 +85,8 @@ void usage() {
       "  --heads N        query heads, 1..2147483647 (default 128; sm90: 1..128)\n"
       "  --q-len N        query tokens per request, 0..2147483647 (default 1; 0 is a no-op call;\n"
       "                   sm90: up to 16)\n"
+      "  --head-dims L,R  kv_lora_rank and qk_rope_head_dim: 512,64 | 256,64 | 512,0 (default\n"
+      "                   512,64, DeepSeek's)\n"
       "  --page-size N    tokens per KV page, a power of two 1..1073741824 (default 64; sm90:\n"
       "                   up to 256)\n"
       "  --dtype T        bf16 | fp16 | fp8 | bf16-fp8 (query bf16, cache fp8) | fp32 (cpu only)\n"
@@ -123,9 +125,10 @@ void usage() {
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "  --times-out FILE also write every timed iteration to FILE (configuration index, us)\n"
-      "Shape: D = kv_lora_rank 512 + rope 64; FLOPs = rows x keys x (2*576 + 2*512), where a\n"
+      "Shape: D = kv_lora_rank L + rope R (--head-dims); FLOPs = rows x keys x (2 D + 2 L), where "
+      "a\n"
       "sparse token's keys are its counted entries other than -1 (each a gathered row: 656\n"
-      "bytes in fp8_ds_mla, 576 x the cache element size otherwise).\n"
+      "bytes in fp8_ds_mla, D x the cache element size otherwise).\n"
       "Progress goes to stderr, one line as each configuration starts and one as it finishes.\n"
       "Exit status: 0 done; 1 the check found a mismatch, or a runtime failure (CUDA, memory);\n"
       "2 a bad flag or value, or flags this machine or backend cannot run (the message says why).");
@@ -167,14 +170,16 @@ std::string one_of(const std::string& flag, const std::string& text,
 // Refuses (UsageError) flags that cannot go together, whatever their order on the command line.
 void check_combinations(const Config& c) {
   if (c.suite == "sparse") {
-    const char* flag = c.dtype_given         ? "--dtype"
-                       : c.kv_format_given   ? "--kv-format"
-                       : c.top_k > 0         ? "--sparse-top-k"
-                       : c.topk_len_mean > 0 ? "--topk-len-mean"
-                                             : nullptr;
+    const char* flag = c.dtype_given                               ? "--dtype"
+                       : c.kv_format_given                         ? "--kv-format"
+                       : c.top_k > 0                               ? "--sparse-top-k"
+                       : c.topk_len_mean > 0                       ? "--topk-len-mean"
+                       : c.kv_lora_rank != 512 || c.rope_dim != 64 ? "--head-dims"
+                                                                   : nullptr;
     if (flag != nullptr) {
       throw UsageError(std::string("--suite sparse: each row sets its own dtype, cache format, "
-                                   "top_k and topk lens; drop ") +
+                                   "top_k and topk lens (fp8_ds_mla rows: head dims 512,64); "
+                                   "drop ") +
                        flag);
     }
   }
@@ -191,6 +196,9 @@ void check_combinations(const Config& c) {
         "--kv-format fp8_ds_mla: needs --dtype bf16 (the query's type; the cache holds its own "
         "e4m3 values, fp32 scales and bf16 rope), got --dtype " +
         c.dtype);
+  }
+  if (c.kv_format == "fp8_ds_mla" && (c.kv_lora_rank != 512 || c.rope_dim != 64)) {
+    throw UsageError("--kv-format fp8_ds_mla: needs --head-dims 512,64 (its rows hold 512 + 64)");
   }
 }
 
@@ -218,6 +226,10 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.heads = static_cast<int64_t>(count(1, kInt32Max));
     } else if (a == "--q-len") {
       c.q_len = static_cast<int64_t>(count(0, kInt32Max));
+    } else if (a == "--head-dims") {
+      const std::string v = one_of(a, value(), {"512,64", "256,64", "512,0"});
+      c.kv_lora_rank = v == "256,64" ? 256 : 512;
+      c.rope_dim = v == "512,0" ? 0 : 64;
     } else if (a == "--page-size") {
       const std::string v = value();
       uint64_t n = 0;

@@ -72,6 +72,16 @@ struct DecodeKernelParams {
   int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
   int32_t direct_out = 0;  // the decode kernel writes out and lse (one split); no combine
   int32_t sinks_elem = 0;  // sinks dtype: 0 fp32, 1 bf16, 2 fp16
+  // Head dims (kv_lora_rank L, qk_rope_head_dim R): (512, 64), (256, 64) or (512, 0). The TMA and
+  // gather kernels' tiles keep the 512 + 64 column layout of (512, 64): columns of the tile that
+  // the call's rows lack (latent columns L..511, or the rope chunk when R is 0) hold zeros
+  // (tile_column), and only out's first L columns are written (docs/architecture.md, Head dims).
+  int32_t kv_lora_rank = 512;
+  int32_t rope_dim = 64;
+  // The TMA box column of each 64-column chunk c of the tiles (0..7 latent, 8 rope): the column of
+  // the call's rows it holds (64 c for (512, 64)), or L + R for a chunk the rows lack (a box wholly
+  // past the row lands as zeros). Read by index from the kernel's parameters.
+  int32_t chunk_box[9] = {0, 64, 128, 192, 256, 320, 384, 448, 512};
 
   // Element strides of the per-token tensors: element (b, t, h) at b * batch + t * token + h * head
   // with t = i (dense) or t = cum_seq_lens_q[b] + i (ragged; batch stride 0).

@@ -72,6 +72,7 @@ expect 2 "--backend: expected auto, sm90 or cpu, got 'gpu'" -- --backend gpu
 expect 2 "--suite: expected goals, sweep or sparse, got 'all'" -- --suite all
 expect 2 "--list: needs --suite goals, --suite sweep or --suite sparse" -- --list
 expect 2 "--kv-format: expected plain or fp8_ds_mla, got 'fp8'" -- --kv-format fp8
+expect 2 "--head-dims: expected 512,64, 256,64 or 512,0, got '576'" -- --head-dims 576
 expect 2 "unknown option '--bogus'" -- --bogus
 expect 2 "unexpected argument 'foo'" -- foo
 expect 2 "--json-out: cannot open '$tmp/missing/x.json' for writing" -- \
@@ -92,6 +93,10 @@ expect 2 "--suite sparse: each row sets its own" "drop --kv-format" -- \
   --suite sparse --kv-format fp8_ds_mla --list
 expect 2 "--suite sparse: each row sets its own" "drop --sparse-top-k" -- \
   --suite sparse --sparse-top-k 2048
+expect 2 "--suite sparse: each row sets its own" "drop --head-dims" -- \
+  --suite sparse --head-dims 512,0
+expect 2 "--kv-format fp8_ds_mla: needs --head-dims 512,64" -- \
+  --kv-format fp8_ds_mla --head-dims 256,64
 
 # Flags this machine or backend cannot run: refused before any work, still status 2.
 expect 2 "--suite goals: the table would run on the cpu backend" "--allow-cpu" -- \

@@ -20,6 +20,7 @@
 #include "common/decode_case.h"
 #include "common/device_call.h"
 #include "common/fp8_ds_mla.h"
+#include "common/graph_replay.h"
 #include "common/hopper.h"
 #include "common/test_util.h"
 #include "host/backends.h"
@@ -166,8 +167,9 @@ std::vector<Case> dtype_cases() {
 // Calls of enough query rows that the SIMT kernel runs one split and writes out and lse itself (no
 // partials, no combine): fp8 caches, sparse mode, pages below 16; with sinks, lse and ragged
 // queries.
-// The other head dims FlashInfer's API takes, (256, 64) and (512, 0): the SIMT kernel in one
-// split, every dtype pair, dense (causal, masks, sinks), ragged and sparse.
+// The other head dims FlashInfer's API takes, (256, 64) and (512, 0): every dtype pair, dense
+// (causal, masks, sinks), ragged and sparse (the TMA and gather kernels; Sm90DecodeHeadDims asserts
+// the routes).
 std::vector<Case> head_dim_cases() {
   std::vector<Case> cases;
   const std::pair<DataType, DataType> pairs[] = {
@@ -1186,6 +1188,58 @@ TEST_P(Sm90DecodeGraph, CapturedPlanAndRunReplayWithNewInputs) {
 INSTANTIATE_TEST_SUITE_P(BatchHeads, Sm90DecodeGraph,
                          ::testing::Values(std::pair{3, 64}, std::pair{3, 8}, std::pair{1, 128}));
 
+// A per-tensor e4m3 cache under a bf16 or an e4m3 query, with bmm1 and bmm2 as device tensors
+// (where the fp8 scales travel): one run of a plan captured, replayed with a new query, new cache
+// contents and block tables and new scale values written into the same buffers, seq_lens kept
+// (the plan's; common/graph_replay.h). Every replay matches the oracle with the fp8 formats'
+// tolerance (sm90_p_rel), and every row differs from the previous replay's. (query dtype, H): H 16
+// x q_len 2 runs the few-rows kernel (32 rows), H 128 the seesaw kernel on the balanced schedule,
+// unpaired (fp8).
+class Sm90DecodeFp8Graph : public ::testing::TestWithParam<std::pair<DataType, int>> {};
+
+TEST_P(Sm90DecodeFp8Graph, ReplaysReadNewQueryCacheAndScaleTensors) {
+  SKIP_WITHOUT_HOPPER();
+  Case c;
+  c.B = 3;
+  c.H = GetParam().second;
+  c.q_len = 2;
+  c.page_size = 64;
+  c.seq_lens = {1500, 70, 3};
+  c.q_dtype = GetParam().first;
+  c.kv_dtype = kFp8;
+  c.sinks = true;
+  c.scale_tensors = true;
+  c.seed = 4600 + c.H + (c.q_dtype == kFp8 ? 1 : 0);
+  c = deepseek(c);
+  std::unique_ptr<Built> b = build(c);
+  DeviceCall call(*b);
+  const Route route = route_on_device(call.params);
+  if (std::getenv("MLA_SM90_KERNEL") == nullptr && std::getenv("MLA_SM90_MAX_SPLITS") == nullptr) {
+    if (c.H == 16) {
+      EXPECT_EQ(route.kernel, Kernel::kFewRows);
+      EXPECT_EQ(route.few_rows, 32);
+      EXPECT_GE(route.layout.splits, 2);
+    } else {
+      EXPECT_EQ(route.kernel, Kernel::kSeesaw);
+      EXPECT_TRUE(route.layout.scheduled);
+      EXPECT_FALSE(route.pair);
+    }
+  }
+  CapturedRun graph;
+  ASSERT_TRUE(graph.capture(call.params));
+  replay_with_new_inputs(
+      call, graph, *b, 3, [&](int k, std::vector<uint8_t>&) { return build(replay_case(c, k)); },
+      [](const Built& next) { check_sm90(next); });
+}
+
+INSTANTIATE_TEST_SUITE_P(QueryHeads, Sm90DecodeFp8Graph,
+                         ::testing::Values(std::pair{kBf16, 16}, std::pair{kBf16, 128},
+                                           std::pair{kFp8, 16}, std::pair{kFp8, 128}),
+                         [](const ::testing::TestParamInfo<std::pair<DataType, int>>& info) {
+                           return std::string(mla_test::dtype_name(info.param.first)) + "xfp8_H" +
+                                  std::to_string(info.param.second);
+                         });
+
 // H 128 x 3 tokens: the 64-row kernel; H 16 x 2 tokens: the few-rows kernel.
 class Sm90DecodeDeterminism : public ::testing::TestWithParam<std::pair<int, int>> {};
 
@@ -1553,5 +1607,94 @@ TEST(Sm90DecodeDsMla, DenseAndSparseMatchTheOracle) {
     ASSERT_TRUE(run_on_gpu(call.params));
     call.download(*b);
     check_sm90_ds_mla(*b, route);
+  }
+}
+
+// The other head dims FlashInfer's API takes, (256, 64) and (512, 0), on the TMA and gather kernels
+// (their tiles hold zeros where the rows have no column, params.h): every kernel and split the
+// route gives (few-rows one split and with the combine, the balanced schedule, the direct split,
+// sparse on both kernels), each (query, kv_cache) pair, with sinks, masks, ragged queries and
+// padded strides. Each call asserts that it did not run on the SIMT kernel.
+TEST(Sm90DecodeHeadDims, FastPathsMatchTheOracle) {
+  SKIP_WITHOUT_HOPPER();
+  const std::pair<DataType, DataType> pairs[] = {
+      {kBf16, kBf16}, {kFp16, kFp16}, {kFp8, kFp8}, {kBf16, kFp8}};
+  std::vector<std::pair<Case, Kernel>> cases;
+  for (auto [L, R] : {std::pair{256, 64}, std::pair{512, 0}}) {
+    int n = 0;
+    auto add = [&](Case c, Kernel k) {
+      c.L = L;
+      c.R = R;
+      auto [q, kv] = pairs[n++ % 4];
+      c.q_dtype = q;
+      c.kv_dtype = kv;
+      // NOTE: the test's padded strides leave e4m3 rows unaligned to 16 bytes (the SIMT kernel's).
+      c.strided = c.strided && kv != kFp8;
+      c.seed = 4700 + cases.size();
+      cases.emplace_back(c, k);
+    };
+    Case c;  // few-rows, many splits and the combine
+    c.B = 1;
+    c.H = 16;
+    c.seq_lens = {3000};
+    c.page_size = 64;
+    c.sinks = true;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kFewRows);
+    c = Case();  // few-rows, q_len 2, one split per request: out and lse directly
+    c.B = 40;
+    c.H = 16;
+    c.q_len = 2;
+    for (int r = 0; r < c.B; ++r) c.seq_lens.push_back(r % 5 == 0 ? 1 : 20 + 31 * r % 300);
+    c.mask = Mask::kU32;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kFewRows);
+    c = Case();  // the balanced schedule, 128 heads, padded strides
+    c.B = 6;
+    c.H = 128;
+    c.seq_lens = {900, 1, 0, 2000, 64, 333};
+    c.page_size = 32;
+    c.strided = true;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kSeesaw);
+    c = Case();  // one request: the direct split, q_len 2, fp16 out
+    c.B = 1;
+    c.H = 64;
+    c.q_len = 2;
+    c.seq_lens = {5000};
+    c.out_dtype = kFp16;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kSeesaw);
+    c = Case();  // ragged tiles spanning tokens, sinks
+    c.B = 3;
+    c.H = 96;
+    c.ragged_q_lens = {2, 1, 3};
+    c.seq_lens = {700, 40, 5};
+    c.sinks = true;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kSeesaw);
+    c = Case();  // sparse, 16 heads: few-rows, split over top_k, per-token lens
+    c.B = 2;
+    c.H = 16;
+    c.seq_lens = {3000, 900};
+    c.top_k = 2048;
+    c.topk_lens = oracle::TopkLens::kPerToken;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kFewRows);
+    c = Case();  // sparse, 128 heads, q_len 2: the seesaw's tiles of 64 heads
+    c.B = 2;
+    c.H = 128;
+    c.q_len = 2;
+    c.seq_lens = {400, 150};
+    c.top_k = 256;
+    c.page_size = 1;
+    for (int i = 0; i < 4; ++i) add(c, Kernel::kSeesaw);
+  }
+  for (const auto& [c, kernel] : cases) {
+    SCOPED_TRACE(case_name(c) + " q " + std::to_string(c.q_dtype.bits) + " kv " +
+                 std::to_string(c.kv_dtype.bits));
+    std::unique_ptr<Built> b = build(c);
+    DeviceCall call(*b);
+    const Route route = route_on_device(call.params);
+    if (std::getenv("MLA_SM90_KERNEL") == nullptr) {
+      EXPECT_EQ(route.kernel, kernel);
+    }
+    ASSERT_TRUE(run_on_gpu(call.params));
+    call.download(*b);
+    check_sm90(*b);
   }
 }

@@ -33,8 +33,9 @@ int clusters_66(mla::sm90::Elem) { return 66; }
 int clusters_10(mla::sm90::Elem) { return 10; }
 const DeviceFacts kHopper{132, &clusters_66};
 
-// One call's shapes: dense queries [B, q_len, H, 576] unless `ragged` lists each request's query
-// tokens; kv_cache [P, page_size, 576 + kv_row_pad]; block tables of max_seq_len keys per request.
+// One call's shapes: dense queries [B, q_len, H, L + R] unless `ragged` lists each request's query
+// tokens; kv_cache [P, page_size, L + R + kv_row_pad]; block tables of max_seq_len keys per
+// request; head dims (L, R) = (512, 64) unless set.
 // The setters return the call, so that a table row states one call in one expression.
 struct Call {
   int64_t B = 128, H = 128, q_len = 1;
@@ -46,7 +47,9 @@ struct Call {
   int64_t top_k = 0;    // > 0: sparse mode
   bool mask = false;
   int64_t kv_row_pad = 0;
+  int64_t L = 512, R = 64;
 
+  Call& dims(int64_t l, int64_t r) { return L = l, R = r, *this; }
   Call& pages(int64_t n) { return page_size = n, *this; }
   Call& keys(int64_t n) { return max_seq_len = n, *this; }
   Call& dtypes(DataType query, DataType cache) { return q = query, kv = cache, *this; }
@@ -87,14 +90,17 @@ Problem problem_of(const Call& c) {
   const int64_t max_pages = (c.max_seq_len + c.page_size - 1) / c.page_size;
   const int64_t P = c.B * max_pages + 1;
   mla::DecodeParams p;
-  p.query = ragged ? TensorView::contiguous(fake(1), c.q, {T, c.H, 576})
-                   : TensorView::contiguous(fake(1), c.q, {c.B, c.q_len, c.H, 576});
+  const int64_t D = c.L + c.R;
+  p.query = ragged ? TensorView::contiguous(fake(1), c.q, {T, c.H, D})
+                   : TensorView::contiguous(fake(1), c.q, {c.B, c.q_len, c.H, D});
+  p.kv_lora_rank = static_cast<int32_t>(c.L);
+  p.qk_rope_head_dim = static_cast<int32_t>(c.R);
   if (c.ds_mla) {
     p.kv_cache = TensorView::contiguous(fake(2), dt::kUInt8, {P, c.page_size, 656});
   } else {
-    const int64_t row = 576 + c.kv_row_pad;
+    const int64_t row = D + c.kv_row_pad;
     p.kv_cache =
-        TensorView::strided(fake(2), c.kv, {P, c.page_size, 576}, {c.page_size * row, row, 1});
+        TensorView::strided(fake(2), c.kv, {P, c.page_size, D}, {c.page_size * row, row, 1});
   }
   p.seq_lens = TensorView::contiguous(fake(3), dt::kInt32, {c.B});
   if (c.top_k > 0) {
@@ -115,8 +121,8 @@ Problem problem_of(const Call& c) {
     p.mask = ragged ? TensorView::contiguous(fake(6), dt::kUInt32, {T, 1})
                     : TensorView::contiguous(fake(6), dt::kUInt32, {c.B, c.q_len, 1});
   }
-  p.out = ragged ? TensorView::contiguous(fake(7), kBf16, {T, c.H, 512})
-                 : TensorView::contiguous(fake(7), kBf16, {c.B, c.q_len, c.H, 512});
+  p.out = ragged ? TensorView::contiguous(fake(7), kBf16, {T, c.H, c.L})
+                 : TensorView::contiguous(fake(7), kBf16, {c.B, c.q_len, c.H, c.L});
   p.max_seq_len = static_cast<int32_t>(c.max_seq_len);
   p.backend = mla::Backend::kCpu;
   Problem problem = mla::detail::validate(p);
@@ -220,6 +226,20 @@ TEST(Sm90Route, Table) {
        dense(8, 32, 2).sparse(512).dtypes(kFp8, kFp8), "few_rows splits=4 rows=32 sparse combine"},
       {"sparse, kv rows not 16-byte aligned", dense(4, 128, 1).sparse(2048).padded_kv_rows(4),
        "simt splits=8 combine"},
+      // Head dims (256, 64) and (512, 0): the same kernels, their tiles zero where the rows have
+      // no column.
+      {"(256, 64), B128 q1 H128", dense(128, 128, 1).dims(256, 64),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"(256, 64), B1 H16", dense(1, 16, 1).dims(256, 64), "few_rows splits=64 rows=16 combine"},
+      {"(512, 0), fp8 cache", dense(4, 128, 1).dims(512, 0).dtypes(kBf16, kFp8),
+       "seesaw schedule parts=66 tiles=2 combine"},
+      {"(512, 0), sparse, H128", dense(4, 128, 1).dims(512, 0).sparse(2048),
+       "seesaw splits=16 tiles=2 sparse combine"},
+      {"(256, 64), sparse, fp8 cache, H16",
+       dense(4, 16, 1).dims(256, 64).sparse(2048).dtypes(kBf16, kFp8),
+       "few_rows splits=16 rows=16 sparse combine"},
+      {"other head dims: the SIMT kernel, one split", dense(4, 128, 1).dims(128, 64),
+       "simt splits=1"},
       // Everything else: the SIMT kernel.
       {"fp8_ds_mla cache, dense: gathered by position, unpaired", dense(4, 128, 1).fp8_ds_mla(),
        "seesaw schedule parts=66 tiles=2 combine"},
@@ -297,15 +317,39 @@ TEST(Sm90Route, WorkspaceLayout) {
   EXPECT_EQ(route(dense(0, 128, 1)).layout.bytes, 0);
 }
 
+// FlashInfer's 128 MiB workspace holds the preferred split of the largest batches engines run
+// (B 1024 and 2048, q_len 2 and 4, 128 heads; bf16 and fp8 caches): the route with the cap is the
+// route without one, so the cap costs these calls nothing.
+TEST(Sm90Route, TheWorkspaceCapDoesNotBindAtLargeBatches) {
+  Switches unlimited;
+  unlimited.workspace_cap = int64_t{1} << 62;
+  for (int64_t B : {1024, 2048}) {
+    for (int64_t q_len : {2, 4}) {
+      for (DataType kv : {kBf16, kFp8}) {
+        const Call c = dense(B, 128, q_len).dtypes(kBf16, kv);
+        const Route capped = route(c), free = route(c, unlimited);
+        EXPECT_EQ(describe(capped), describe(free)) << "B " << B << " q_len " << q_len;
+        EXPECT_EQ(capped.layout.bytes, free.layout.bytes);
+        EXPECT_LE(capped.layout.bytes, int64_t{128} << 20);
+      }
+    }
+  }
+}
+
 // A call whose addresses turn out unfit for TMA at run time runs the SIMT kernel in the same
-// workspace: one split where it was laid out for the balanced schedule, the same splits otherwise.
+// workspace: one split where it was laid out for the balanced schedule or where the head dims are
+// not (512, 64), the same splits otherwise.
 TEST(Sm90Route, SimtFallbackKeepsTheWorkspace) {
   const Route scheduled = route(dense(128, 128, 4));
-  Route r = mla::detail::sm90::simt_fallback(scheduled);
+  Route r = mla::detail::sm90::simt_fallback(scheduled, problem_of(dense(128, 128, 4)));
   EXPECT_EQ(describe(r), "simt splits=1");
   EXPECT_EQ(r.layout.bytes, scheduled.layout.bytes);
-  r = mla::detail::sm90::simt_fallback(route(dense(1, 128, 4)));
+  r = mla::detail::sm90::simt_fallback(route(dense(1, 128, 4)), problem_of(dense(1, 128, 4)));
   EXPECT_EQ(describe(r), "simt splits=16 combine");
+  // The SIMT kernel writes no partial row of head dims other than (512, 64): one split.
+  const Call other = dense(1, 128, 4).dims(256, 64);
+  r = mla::detail::sm90::simt_fallback(route(other), problem_of(other));
+  EXPECT_EQ(describe(r), "simt splits=1");
 }
 
 // ---- The environment switches ---------------------------------------------------------------

@@ -136,9 +136,10 @@ __device__ __forceinline__ RowTarget finish_row(const DecodeKernelParams& p, int
 // (rows that attend no key); threads tid, tid + nthreads, ... of the caller share the stores.
 __device__ __forceinline__ void store_empty_rows(const DecodeKernelParams& p, int row0, int rows,
                                                  int token0, int tid, int nthreads) {
-  constexpr int kPieces = 512 / 8;  // 8-value pieces per row of out
+  constexpr int kPieces = 512 / 8;  // 8-value pieces per row of out (L 512; fewer below)
   for (int e = tid; e < rows * kPieces; e += nthreads) {
     const int r = e / kPieces, piece = e - r * kPieces;
+    if (piece * 8 >= p.kv_lora_rank) continue;
     int t, h;
     if (!row_token(p, row0 + r, token0, t, h)) continue;
     store_out8(p, out_offset(p, t, h) + piece * 8, make_uint4(0, 0, 0, 0));

@@ -33,27 +33,29 @@ static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's reco
 // the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
 constexpr int64_t kPairMinTiles = 6;
 
-// The contract caps the workspace at 128 MiB (FlashInfer's documented buffer).
-constexpr int64_t kWorkspaceCap = int64_t{128} << 20;
-
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Query-row tiles of the TMA kernels' grids per request: ceil(max_q_len * H / 64).
 int64_t tiles_of(const Problem& p) { return ceil_div(p.max_q_len * p.num_heads, tma::kTileRows); }
 
+// Head dims (L, R) the TMA and gather kernels take: (512, 64), and (256, 64) and (512, 0) in the
+// same 512 + 64 column tiles, zero where the call's rows have no column (params.h).
+bool tile_dims_ok(const Problem& p) {
+  return (p.L == kKvLoraRank && (p.R == kRopeHeadDim || p.R == 0)) ||
+         (p.L == kKvLoraRank / 2 && p.R == kRopeHeadDim);
+}
+
 // The shape part of the TMA kernels' conditions (the rest, data addresses and the tensor map, is
 // checked at run time; a call that fails it runs the SIMT kernel with this route's split count,
 // which the SIMT kernel accepts).
 bool tma_shape_ok(const Problem& p, const Switches& sw) {
-  if (sw.kernel == Switches::Kernel::kSimt || p.sparse || p.D != kKvLoraRank + kRopeHeadDim) {
-    return false;
-  }
+  if (sw.kernel == Switches::Kernel::kSimt || p.sparse || !tile_dims_ok(p)) return false;
   // fp8_ds_mla (bf16 query): gathered by position, widened with its scales (tma/gather.cuh); any
   // page size, its offsets within 64 GiB.
   const bool ds_mla = p.kv_format == KvFormat::kFp8DsMla;
-  if (ds_mla &&
-      (p.q_dtype != dtype::kBFloat16 || p.num_pages * p.kv_page_stride > (int64_t{1} << 36))) {
+  if (ds_mla && (p.L != kKvLoraRank || p.R != kRopeHeadDim || p.q_dtype != dtype::kBFloat16 ||
+                 p.num_pages * p.kv_page_stride > (int64_t{1} << 36))) {
     return false;
   }
   const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16 && !ds_mla;
@@ -77,15 +79,13 @@ bool tma_shape_ok(const Problem& p, const Switches& sw) {
 }
 
 // The shape part of the gather kernels' conditions for a sparse call (tma/gather.cuh: the few-rows
-// and seesaw kernels with their blocks gathered by index; any page size): L 512 and R 64, the
+// and seesaw kernels with their blocks gathered by index; any page size): tile_dims_ok, the
 // (query, kv_cache) pairs of tma::Formats with fp8_ds_mla, 16-byte-aligned cache rows and query
 // vectors (the rest, the data addresses, is checked at run time as for TMA).
 bool sparse_shape_ok(const Problem& p, const Switches& sw) {
-  if (sw.kernel == Switches::Kernel::kSimt || !p.sparse || p.L != kKvLoraRank ||
-      p.R != kRopeHeadDim) {
-    return false;
-  }
+  if (sw.kernel == Switches::Kernel::kSimt || !p.sparse || !tile_dims_ok(p)) return false;
   const bool ds_mla = p.kv_format == KvFormat::kFp8DsMla;
+  if (ds_mla && (p.L != kKvLoraRank || p.R != kRopeHeadDim)) return false;
   const bool bf16 = p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16 && !ds_mla;
   const bool fp16 = p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16;
   const bool fp8_cache = p.kv_dtype == dtype::kFloat8E4M3 &&
@@ -211,7 +211,9 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   l.max_offset = kAlign;  // after the checked mode's record
   l.sum_offset = l.max_offset + align_up(rows * 4);
   l.o_offset = l.sum_offset + align_up(rows * 4);
-  l.bytes = l.o_offset + align_up(rows * p.L * 2);  // bf16 or fp16: the out type
+  // NOTE: 512 columns whatever L is: partial rows hold the TMA kernels' whole tile width (a
+  // call of other head dims on the SIMT kernel runs one split: no partial row).
+  l.bytes = l.o_offset + align_up(rows * kKvLoraRank * 2);  // bf16 or fp16: the out type
   if (l.scheduled) {
     l.requests_offset = l.bytes;
     l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(schedule::Request));
@@ -225,12 +227,14 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
 // Where the preferred split's partials do not fit the workspace cap, the splits (parts) halve
 // until they do. One split (one part) writes no partial row, so the loop ends.
 Layout layout_of(const Problem& p, const Family& f, int sms, const Switches& sw) {
-  // NOTE: head dims other than (512, 64) run one split: the combine's rows are 512 wide.
-  int64_t cap = p.L == kKvLoraRank && p.R == kRopeHeadDim
+  // NOTE: the SIMT kernel runs head dims other than (512, 64) in one split: its partial rows would
+  // be L wide, the combine's are 512.
+  int64_t cap = f.tma || (p.L == kKvLoraRank && p.R == kRopeHeadDim)
                     ? std::max<int64_t>(kMaxSplits, schedule::kMaxParts)
                     : 1;
   Layout l = layout_with(p, f, sms, sw, cap);
-  while (l.bytes > kWorkspaceCap && cap > 1) {
+  // The contract caps the workspace at 128 MiB (FlashInfer's documented buffer): Switches.
+  while (l.bytes > sw.workspace_cap && cap > 1) {
     cap /= 2;
     l = layout_with(p, f, sms, sw, cap);
   }
@@ -295,8 +299,8 @@ Route route_of(const Problem& p) {
   return route_of(p, device, switches());
 }
 
-Route simt_fallback(Route r) {
-  if (r.layout.scheduled) r.layout.splits = 1;
+Route simt_fallback(Route r, const Problem& p) {
+  if (r.layout.scheduled || p.L != kKvLoraRank || p.R != kRopeHeadDim) r.layout.splits = 1;
   r.layout.scheduled = r.layout.direct = false;
   r.kernel = Kernel::kSimt;
   r.few_rows = 0;

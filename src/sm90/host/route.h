@@ -89,7 +89,8 @@ Route route_of(const Problem& problem);
 // The route of a call whose data addresses or kv_cache tensor map turned out unfit for TMA at
 // run time (a route reads shapes and strides, not addresses): the SIMT kernel in the same
 // workspace, reading no schedule. A call laid out for the balanced schedule has no uniform partial
-// rows: it runs as one split.
-Route simt_fallback(Route route);
+// rows: it runs as one split, and so does a call of head dims other than (512, 64) (the SIMT
+// kernel writes no partial row of those).
+Route simt_fallback(Route route, const Problem& problem);
 
 }  // namespace mla::detail::sm90

@@ -224,6 +224,12 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.page_shift = log2_exact(p.page_size);
   k.num_pages = static_cast<int32_t>(p.num_pages);
   k.top_k = static_cast<int32_t>(p.top_k);
+  k.kv_lora_rank = static_cast<int32_t>(p.L);
+  k.rope_dim = static_cast<int32_t>(p.R);
+  for (int c = 0; c < 9; ++c) {
+    const int64_t col = c < 8 ? (64 * c < p.L ? 64 * c : -1) : (p.R > 0 ? p.L : -1);
+    k.chunk_box[c] = static_cast<int32_t>(col >= 0 ? col : p.L + p.R);
+  }
   k.q_batch = p.q.batch;
   k.q_token = p.q.token;
   k.q_head = p.q.head;
@@ -437,7 +443,7 @@ void run(const Problem& p, const DecodeParams& prm) {
                                   reinterpret_cast<uintptr_t>(k.kv) % 16 == 0
                             : tma_ready(k, kv, &kv_map);
   if ((route.kernel == Kernel::kFewRows || route.kernel == Kernel::kSeesaw) && !ready) {
-    route = simt_fallback(route);
+    route = simt_fallback(route, p);
     k.num_splits = static_cast<int32_t>(route.layout.splits);
   }
   MLA_CUDA_CHECK(launch_decode(p, route, q, kv, k, kv_map, workspace, stream, prm.enable_pdl),

@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
         const int s = g + (k0 + j) * groups;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          if (s < num_splits && r < rows) {
+          if (s < num_splits && r < rows && c < p.kv_lora_rank) {
             a[j * R + r] = __ldcs(reinterpret_cast<const uint2*>(o_base + (s * stride + r) * kL));
           }
         }
@@ -224,10 +224,12 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
           float4 v = acc[r];
           if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
           const int64_t o = out_offset(p, t, h + r) + c;
-          OT::store(out, o + 0, v.x * ro.scale);
-          OT::store(out, o + 1, v.y * ro.scale);
-          OT::store(out, o + 2, v.z * ro.scale);
-          OT::store(out, o + 3, v.w * ro.scale);
+          if (c < p.kv_lora_rank) {  // out rows are L wide, the partial rows 512
+            OT::store(out, o + 0, v.x * ro.scale);
+            OT::store(out, o + 1, v.y * ro.scale);
+            OT::store(out, o + 2, v.z * ro.scale);
+            OT::store(out, o + 3, v.w * ro.scale);
+          }
           if (p.lse != nullptr && threadIdx.x == 0 && chunk == 0) {
             p.lse[lse_offset(p, t, h + r)] = ro.lse;
           }

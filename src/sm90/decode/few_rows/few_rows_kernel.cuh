@@ -461,10 +461,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
   const float* first = reinterpret_cast<const float*>(smem.k[0]);
   const float* second = reinterpret_cast<const float*>(smem.k[1]);
+  // Partial rows are 512 wide whatever L is (route.h); out rows L.
+  const int cols = w.whole ? p.kv_lora_rank : kL;
   for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
     const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
     const int64_t o = smem.out_row[c];
-    if (o < 0) continue;
+    if (o < 0 || d >= cols) continue;
     const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
     float v[8];
 #pragma unroll

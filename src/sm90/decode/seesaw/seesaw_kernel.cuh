@@ -744,25 +744,27 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
       if (ctid < kRows) {
         uint16_t* dst = nullptr;
+        int cols = Traits::kL;  // partial rows are 512 wide whatever L is (route.h)
         if (w.whole) {
           const int64_t o = smem.out_row[ctid];
           if (o >= 0) dst = static_cast<uint16_t*>(p.out) + o;
+          cols = p.kv_lora_rank;
         } else if (ctid < tile_rows) {
           dst = static_cast<uint16_t*>(p.partial_o) + (partial_row0 + ctid) * Traits::kL;
         }
         if (dst != nullptr) {
-          SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, Traits::kL * 2);
+          SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, cols * 2);
         }
         tma_store_arrive();
       }
       out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
     } else {
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row
+      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row (L 512; fewer below)
       for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
         const int r = e / kPieces, piece = e - r * kPieces;
         const int64_t o = smem.out_row[r];
-        if (o >= 0) {
+        if (o >= 0 && piece * 8 < p.kv_lora_rank) {
           store_out8(p, o + piece * 8,
                      *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
         }

@@ -145,7 +145,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
       mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
       if (cur_has) {
         typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
-        const int32_t col = c * Traits::kChunkCols;
+        const int32_t col = p.chunk_box[c];  // a chunk the rows lack lands as zeros
         if constexpr (kPair) {
           if (static_cast<uint32_t>(c & 1) == rank) {
             tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);

@@ -78,9 +78,9 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
       if (has) {
         uint8_t* dst = landing + c * kFp8ChunkBytes<Traits> + piece_key * Traits::kChunkCols;
         if constexpr (kEvictFirst) {
-          tma_load_3d_hint(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, page, policy);
+          tma_load_3d_hint(dst, kv_map, bar, p.chunk_box[c], row_in_page, page, policy);
         } else {
-          tma_load_3d(dst, kv_map, bar, c * Traits::kChunkCols, row_in_page, page);
+          tma_load_3d(dst, kv_map, bar, p.chunk_box[c], row_in_page, page);
         }
       }
     }

@@ -76,6 +76,19 @@ __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemo
   __syncthreads();
 }
 
+// Head dims other than (512, 64) (params.h): which of a tile's chunks the call's rows hold, and
+// where the rope chunk's columns start in a row. Chunks 0..3 are always there; 4..7 only with L
+// 512, the rope chunk (columns L..) only with R 64. A chunk the rows lack lands as zeros: its
+// copies read nothing (source size 0) from the row's first bytes.
+struct GatherDims {
+  bool upper;    // chunks 4..7
+  bool rope;     // chunk 8
+  int rope_col;  // its first column in a row (0 without one)
+};
+__device__ __forceinline__ GatherDims gather_dims(const DecodeKernelParams& p) {
+  return {p.kv_lora_rank == 512, p.rope_dim > 0, p.rope_dim > 0 ? p.kv_lora_rank : 0};
+}
+
 // The cache row of `slot` (page * page_size + offset): its byte offset from p.kv in 16-byte units
 // (the route takes only 16-byte-aligned rows; 32 bits reach 64 GB), 0 for slot -1.
 __device__ __forceinline__ uint32_t slot_row16(const DecodeKernelParams& p, int slot,
@@ -142,6 +155,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     // ---- 16-bit rows: warp w copies rows 16 w .. 16 w + 15 of every chunk; lane l rows
     // 16 w + l / 8 + 4 j (j < 4), piece l % 8 of each chunk row. Nothing waits for the copies
     // here: their arrivals complete the full barriers. ----
+    const GatherDims dims = gather_dims(p);
     const int q = lane & 7;
     const int r0 = 16 * warp + (lane >> 3);
     int next[4];  // the entries of the next block's rows
@@ -152,20 +166,24 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       const int stage = it & 1;
       const uint32_t phase = phase_of(it);
       const int key0 = (w.block_begin + it) * kKeys;
-      uint32_t row16[4], n[4];
+      uint32_t row16[4], n[4], n_upper[4], n_rope[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         row16[j] = slot_row16(p, next[j], G::kElemBytes);
         n[j] = next[j] >= 0 ? 16u : 0u;
+        n_upper[j] = dims.upper ? n[j] : 0u;
+        n_rope[j] = dims.rope ? n[j] : 0u;
       }
       load_entries(it + 1);
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
       auto copy_chunk = [&](int c) {
+        const int col = c < 8 ? 64 * c : dims.rope_col;
+        const uint32_t* size = c < 4 ? n : c < 8 ? n_upper : n_rope;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int r = r0 + 4 * j;
           cp_async_16(bytes + c * kChunkBytes + r * 128 + ((q ^ (r & 7)) << 4),
-                      row_at(p, row16[j]) + c * 128 + 16 * q, n[j]);
+                      row_at(p, row16[j]) + (size[j] != 0 ? col * 2 : 0) + 16 * q, size[j]);
         }
         cp_async_mbar_arrive(&smem.full[stage][c]);
       };
@@ -191,6 +209,8 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
     const int r0 = lane >> 2;                         // rows r0 + 8 j: the same swizzle phase r0
     const bool rope_chunk = !G::kDsMla && warp == 0;  // per-tensor fp8: warp 0 widens chunk 8
     const bool rope_copy = G::kDsMla && warp < 2;     // fp8_ds_mla: warps 0 and 1 copy it
+    const GatherDims dims = gather_dims(p);
+    const int upper_col = dims.upper ? 64 * (warp + 4) : 0;  // this warp's second chunk
     auto landing = [&](uint8_t* bytes, int c) { return bytes + c * kChunkBytes + kKeys * 64; };
     int next[8];  // the entries of the next block's rows
     auto load_entries = [&](int it) { load_rows(next, it, r0, 8); };
@@ -209,11 +229,13 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
       load_entries(it + 1);
       auto n_of = [&](int j) { return (valid >> j) & 1 ? 16u : 0u; };
       uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
-      auto copy_chunk = [&](int c) {
+      // `live`: valid, or 0 for a chunk the rows lack; `col` its first column (0 then).
+      auto copy_chunk = [&](int c, int col, uint32_t live) {
         uint8_t* dst = landing(bytes, c) + lane * 16;  // row r0 + 8 j at 64 (r0 + 8 j) + 16 q
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          cp_async_16(dst + j * 512, row_at(p, row16[j]) + c * 64 + 16 * q, n_of(j));
+          cp_async_16(dst + j * 512, row_at(p, row16[j]) + col + 16 * q,
+                      (live >> j) & 1 ? 16u : 0u);
         }
       };
       if (warp == 0 && q == 0) {
@@ -232,9 +254,9 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
           }
         }
       }
-      copy_chunk(warp);
-      copy_chunk(warp + 4);
-      if (rope_chunk) copy_chunk(8);
+      copy_chunk(warp, 64 * warp, valid);
+      copy_chunk(warp + 4, upper_col, dims.upper ? valid : 0u);
+      if (rope_chunk) copy_chunk(8, dims.rope_col, dims.rope ? valid : 0u);
       cp_async_mbar_arrive(&smem.landed[stage][warp]);
       if (rope_copy) {
         const int u = 4 * warp + q;  // 16-byte piece of the 128-byte bf16 rope row

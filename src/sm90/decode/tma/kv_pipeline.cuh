@@ -247,8 +247,8 @@ template <int kRows, int kThreads, int kQueryBytes = 2>
 __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
                                                     int tid) {
   if (p.cum_seq_lens_q != nullptr) return;
-  constexpr int kRowBytes = 576 * kQueryBytes;
-  constexpr int kLines = kRowBytes / 128 + 1;  // 128-byte lines a 16-byte-aligned row can touch
+  constexpr int kLines = 576 * kQueryBytes / 128 + 1;  // lines a 16-byte-aligned row can touch
+  const int row_bytes = (p.kv_lora_rank + p.rope_dim) * kQueryBytes;
   const int rows = p.q_len * p.num_heads;
   for (int e = tid; e < kRows * kLines; e += kThreads) {
     const int r = e / kLines, line = e - r * kLines;
@@ -257,7 +257,7 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
     const int t = row / p.num_heads, h = row - t * p.num_heads;
     const uint8_t* base = static_cast<const uint8_t*>(p.query) +
                           kQueryBytes * (b * p.q_batch + t * p.q_token + h * p.q_head);
-    prefetch_l2(base + min(line * 128, kRowBytes - 1));
+    prefetch_l2(base + min(line * 128, row_bytes - 1));
   }
 }
 
@@ -289,18 +289,34 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
     row_ptr[tid] = ptr;
   }
   sync();
-  constexpr int kVecs = 576 * kElemBytes / 16;  // per row
+  constexpr int kVecs = 576 * kElemBytes / 16;  // per row of the tile
+  constexpr int kLatentVecs = 512 * kElemBytes / 16;
   constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;
   uint4 value[kPerThread];
+  // Head dims other than (512, 64) (params.h): tile vector v holds row vector v (latent columns
+  // below L), v - (512 - L) (rope columns, R 64), or zeros (columns the rows lack). A loop of its
+  // own, so that (512, 64)'s loop keeps its registers (the consumers' O fills theirs).
+  auto load = [&](auto row_vec) {
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
-    const int e = tid + k * kThreads;
-    const int r = e / kVecs, v = e - r * kVecs;
-    value[k] = make_uint4(0, 0, 0, 0);
-    if (kRows * kVecs % kThreads == 0 || r < kRows) {
-      const uint4* src = row_ptr[r];
-      if (src != nullptr) value[k] = __ldg(src + v);
+    for (int k = 0; k < kPerThread; ++k) {
+      const int e = tid + k * kThreads;
+      const int r = e / kVecs, v = e - r * kVecs;
+      value[k] = make_uint4(0, 0, 0, 0);
+      if (kRows * kVecs % kThreads == 0 || r < kRows) {
+        const uint4* src = row_ptr[r];
+        const int u = row_vec(v);
+        if (src != nullptr && u >= 0) value[k] = __ldg(src + u);
+      }
     }
+  };
+  if (p.kv_lora_rank == 512 && p.rope_dim == 64) {
+    load([](int v) { return v; });
+  } else {
+    const int latent_vecs = p.kv_lora_rank * kElemBytes / 16;
+    const int rope_vec0 = p.rope_dim > 0 ? latent_vecs : -kVecs;  // row vector of tile rope 0
+    load([&](int v) {
+      return v < kLatentVecs ? (v < latent_vecs ? v : -1) : rope_vec0 + (v - kLatentVecs);
+    });
   }
   in_flight();
 #pragma unroll

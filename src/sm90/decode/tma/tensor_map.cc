@@ -35,7 +35,10 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
   // (fp8_ring.cuh); 16-bit boxes land in the 128-byte swizzle the GMMA operands read.
   const bool fp8 = kv == Elem::kFp8E4M3;
   const int64_t elem_bytes = fp8 ? 1 : 2;
-  const cuuint64_t dims[3] = {576, static_cast<cuuint64_t>(p.page_size),
+  // NOTE: the row's own width (L + R): the boxes of tile chunks a row lacks start past it and
+  // land as zeros (params.h, chunk_box).
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.kv_lora_rank + p.rope_dim),
+                              static_cast<cuuint64_t>(p.page_size),
                               static_cast<cuuint64_t>(p.num_pages)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.kv_row_stride * elem_bytes),
                                  static_cast<cuuint64_t>(p.kv_page_stride * elem_bytes)};
