@@ -56,6 +56,7 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/seesaw/seesaw_sparse_bf16_ds_mla.cu
     # schedule/: the plan kernel of the seesaw kernel's balanced schedule.
     src/sm90/decode/schedule/schedule_kernel.cu
+    src/sm90/decode/schedule/sparse_order_kernel.cu
     # combine/: merges the split partials into out and lse (one file per out dtype).
     src/sm90/decode/combine/combine_bf16.cu
     src/sm90/decode/combine/combine_fp16.cu

@@ -57,6 +57,11 @@ struct DecodeKernelParams {
   const int32_t* sched_part_blocks = nullptr;  // [1] positions per part
   int32_t num_parts = 0;
 
+  // Sparse calls of one split over more than one wave of CTAs: the tokens by decreasing counted
+  // blocks (schedule/sparse_order_kernel.cu); CTA row blockIdx.y takes token sparse_order[y]
+  // (null: token y). Any permutation gives the same results; this one starts the longest first.
+  const int32_t* sparse_order = nullptr;  // [T]
+
   // Sizes.
   int32_t batch = 0;       // B
   int32_t num_tokens = 0;  // T = B * q_len, or cum_seq_lens_q[B]

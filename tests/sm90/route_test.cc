@@ -45,6 +45,7 @@ struct Call {
   DataType q = kBf16, kv = kBf16;
   bool ds_mla = false;  // the fp8_ds_mla cache (uint8 rows of 656 bytes), bf16 query
   int64_t top_k = 0;    // > 0: sparse mode
+  bool lens = false;    // sparse_topk_lens per request
   bool mask = false;
   int64_t kv_row_pad = 0;
   int64_t L = 512, R = 64;
@@ -55,6 +56,7 @@ struct Call {
   Call& dtypes(DataType query, DataType cache) { return q = query, kv = cache, *this; }
   Call& fp8_ds_mla() { return ds_mla = true, *this; }
   Call& sparse(int64_t k) { return top_k = k, *this; }
+  Call& topk_lens() { return lens = true, *this; }
   Call& masked() { return mask = true, *this; }
   Call& padded_kv_rows(int64_t n) { return kv_row_pad = n, *this; }
 };
@@ -104,6 +106,7 @@ Problem problem_of(const Call& c) {
   }
   p.seq_lens = TensorView::contiguous(fake(3), dt::kInt32, {c.B});
   if (c.top_k > 0) {
+    if (c.lens) p.sparse_topk_lens = TensorView::contiguous(fake(8), dt::kInt32, {c.B});
     p.sparse_top_k = static_cast<int32_t>(c.top_k);
     p.sparse_indices = ragged
                            ? TensorView::contiguous(fake(4), dt::kInt32, {T, c.top_k})
@@ -156,6 +159,7 @@ std::string describe(const Route& r) {
   if (r.pair) s << " pair";
   if (r.clean) s << " clean";
   if (r.sparse) s << " sparse";
+  if (r.sparse && r.layout.order_offset > 0) s << " ordered";
   if (r.combine) s << " combine";
   return s.str();
 }
@@ -218,6 +222,8 @@ TEST(Sm90Route, Table) {
        "seesaw splits=16 tiles=2 sparse combine"},
       {"sparse, B128 q2 H128: a split per token", dense(128, 128, 2).sparse(2048),
        "seesaw splits=1 tiles=2 sparse"},
+      {"... with sparse_topk_lens: longest tokens first",
+       dense(128, 128, 2).sparse(2048).topk_lens(), "seesaw splits=1 tiles=2 sparse ordered"},
       {"sparse, H64 with pages of 1", dense(4, 64, 1).sparse(2048).pages(1),
        "seesaw splits=32 tiles=1 sparse combine"},
       {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel",
@@ -269,6 +275,10 @@ TEST(Sm90Route, SparseShapes) {
       {"max_seq_len below top_k: the keys a token can count",
        dense(1, 16, 1).sparse(2048).keys(100), "few_rows splits=1 rows=16 sparse"},
       {"256 tokens: a split each", dense(128, 16, 2).sparse(2048),
+       "few_rows splits=1 rows=16 sparse"},
+      {"... with sparse_topk_lens: longest first", dense(128, 16, 2).sparse(2048).topk_lens(),
+       "few_rows splits=1 rows=16 sparse ordered"},
+      {"132 tokens with lens: one wave, in token order", dense(66, 16, 2).sparse(2048).topk_lens(),
        "few_rows splits=1 rows=16 sparse"},
       {"H48: one tile with padding rows", dense(2, 48, 1).sparse(2048),
        "seesaw splits=32 tiles=1 sparse combine"},

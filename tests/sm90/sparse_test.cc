@@ -54,7 +54,8 @@ struct SparseCase {
   Case c;
   bool ds_mla = false;  // the fp8_ds_mla cache (c holds a bf16 query and a bf16 kv_dtype)
   Kernel kernel = Kernel::kFewRows;
-  int min_splits = 1;  // the route splits each token's entries at least this often
+  int min_splits = 1;    // the route splits each token's entries at least this often
+  bool ordered = false;  // the route starts the tokens longest first (params.h, sparse_order)
 };
 
 std::string name_of(const SparseCase& s) { return case_name(s.c) + (s.ds_mla ? "_dsmla" : ""); }
@@ -127,6 +128,9 @@ void expect_route(const Route& r, const SparseCase& s) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);
   }
   EXPECT_GE(r.layout.splits, s.min_splits);
+  if (s.ordered) {
+    EXPECT_GT(r.layout.order_offset, 0) << "tokens ordered by counted blocks";
+  }
 }
 
 // The comparison with the oracle: the sm90 rounding of P and partials, and for an fp8_ds_mla cache
@@ -203,6 +207,27 @@ std::vector<SparseCase> lens_cases() {
   add(sparse(3, 96, 2, 256, {500, 300, 200}, 64), TopkLens::kPerToken);
   add(sparse(4, 48, 1, 1000, {1500, 1200, 999, 40}, 16), TopkLens::kPerRequest);
   add(sparse(2, 8, 1, 2048, {4000, 3000}, 64), TopkLens::kPerToken);
+  return cases;
+}
+
+// More (token, tile) CTAs than SMs in one split, with sparse_topk_lens: the tokens start longest
+// first (schedule/sparse_order_kernel.cu), with lens per token or request, every format.
+std::vector<SparseCase> ordered_cases() {
+  std::vector<SparseCase> cases;
+  auto add = [&](int B, int H, int q_len, int top_k, TopkLens lens, Format f) {
+    std::vector<int> seq_lens;
+    for (int b = 0; b < B; ++b) seq_lens.push_back(b % 9 == 0 ? 1 + b % 5 : 60 + 97 * b % 700);
+    SparseCase s = with_format(sparse(B, H, q_len, top_k, seq_lens, 16 << (cases.size() % 3)), f);
+    s.c.topk_lens = lens;
+    s.c.seed = 5700 + cases.size();
+    s.ordered = true;
+    cases.push_back(s);
+  };
+  add(70, 16, 2, 256, TopkLens::kPerToken, Format::kBf16);
+  add(70, 64, 2, 256, TopkLens::kPerToken, Format::kBf16Fp8);
+  add(40, 128, 2, 192, TopkLens::kPerRequest, Format::kFp8);
+  add(67, 128, 1, 256, TopkLens::kPerToken, Format::kDsMla);
+  add(140, 32, 1, 128, TopkLens::kPerRequest, Format::kFp16);
   return cases;
 }
 
@@ -332,6 +357,7 @@ std::vector<SparseCase> feature_cases() {
 INSTANTIATE_TEST_SUITE_P(Blocks, Sm90Sparse, ::testing::ValuesIn(block_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Causal, Sm90Sparse, ::testing::ValuesIn(causal_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Lens, Sm90Sparse, ::testing::ValuesIn(lens_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Ordered, Sm90Sparse, ::testing::ValuesIn(ordered_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Sparse, ::testing::ValuesIn(ragged_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Heads, Sm90Sparse, ::testing::ValuesIn(head_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Formats, Sm90Sparse, ::testing::ValuesIn(format_cases()), param_name);

@@ -214,6 +214,16 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   // NOTE: 512 columns whatever L is: partial rows hold the TMA kernels' whole tile width (a
   // call of other head dims on the SIMT kernel runs one split: no partial row).
   l.bytes = l.o_offset + align_up(rows * kKvLoraRank * 2);  // bf16 or fp16: the out type
+  // A sparse call with sparse_topk_lens, of one split, whose (token, tile) CTAs are more than one
+  // wave: started longest first (params.h, sparse_order; docs/sm90-sparse.md, Varied lens).
+  // NOTE: not without lens: the order kernel costs ~7 us (B 128 H 128, no PDL), and counts then
+  // differ only where a request is shorter than top_k.
+  const int64_t sparse_ctas =
+      p.num_tokens * (f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows));
+  if (f.sparse && l.splits == 1 && sparse_ctas > sms && p.topk_lens_mode != TopkLensMode::kNone) {
+    l.order_offset = l.bytes;
+    l.bytes = l.order_offset + align_up(p.num_tokens * 4);
+  }
   if (l.scheduled) {
     l.requests_offset = l.bytes;
     l.tokens_offset = l.requests_offset + align_up(p.batch * sizeof(schedule::Request));

@@ -31,6 +31,7 @@ enum class Kernel {
 //   balanced schedule only (schedule/format.h): schedule::Request [B], schedule::Token [T] (the
 //            tokens the combine merges), first request per part [parts] int32, positions per
 //            part [1] int32
+//   ordered sparse calls only: the tokens by decreasing counted blocks [T] int32
 // with N partial rows: S x T x H in the uniform layout [S, T, H] (S = splits) of the SIMT and
 // few-rows kernels and the seesaw kernel's direct split, and at most T x H + (parts - 1) x
 // max_q_len x H on the balanced schedule. One split writes no partial row: the decode kernel
@@ -47,6 +48,9 @@ struct Layout {
   int64_t parts = 0;       // parts of the balanced schedule
   int64_t max_offset = 0, sum_offset = 0, o_offset = 0;
   int64_t requests_offset = 0, tokens_offset = 0, part_first_offset = 0, part_blocks_offset = 0;
+  // A sparse call of one split over more than one wave of (token, tile) CTAs: the tokens' order
+  // (params.h, sparse_order), written by run() before the decode kernel. 0: none.
+  int64_t order_offset = 0;
   int64_t bytes = 0;
 };
 

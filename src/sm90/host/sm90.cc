@@ -446,6 +446,13 @@ void run(const Problem& p, const DecodeParams& prm) {
     route = simt_fallback(route, p);
     k.num_splits = static_cast<int32_t>(route.layout.splits);
   }
+  if (route.sparse && route.layout.order_offset > 0) {
+    // NOTE: here, not in plan(): the order follows this call's sparse_topk_lens.
+    auto* order = reinterpret_cast<int32_t*>(workspace + route.layout.order_offset);
+    MLA_CUDA_CHECK(schedule::launch_sparse_order(k, order, stream, prm.enable_pdl),
+                   "launching the sparse order kernel");
+    k.sparse_order = order;
+  }
   MLA_CUDA_CHECK(launch_decode(p, route, q, kv, k, kv_map, workspace, stream, prm.enable_pdl),
                  "launching the split-KV decode kernel");
   if (!route.combine) return;  // the decode kernel wrote out and lse

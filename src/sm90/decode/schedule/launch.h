@@ -25,4 +25,9 @@ cudaError_t launch_schedule(const DecodeKernelParams& params, const Outputs& out
                             int max_blocks, int fixed_blocks, int64_t max_rows, cudaStream_t stream,
                             bool pdl);
 
+// One CTA: the tokens of a sparse call by decreasing counted blocks into `order` [T]
+// (params.h, sparse_order; sparse_order_kernel.cu).
+cudaError_t launch_sparse_order(const DecodeKernelParams& params, int32_t* order,
+                                cudaStream_t stream, bool pdl);
+
 }  // namespace mla::sm90::schedule

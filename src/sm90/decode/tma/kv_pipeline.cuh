@@ -63,18 +63,16 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   return w;
 }
 
-// The tile of a sparse call (one query token's heads): token blockIdx.y (global index t),
-// query-row tile `tile` of its H heads (rows token * H + 64 tile .. of the request), split
-// blockIdx.z of num_splits equal runs of the 64-key blocks over its counted entries
-// min(top_k, topk_len, seq_len - n_b + i + 1) (contract section 2.2; the SIMT kernel's rule).
-// w.rows is the row after the token's last head, so that rows - row0 is the tile's row count.
-__device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile) {
-  TileWork w;
-  const int t = blockIdx.y;
+// Query token t (global index) of a sparse call: its request's work (resolve_request), its heads'
+// rows [row0, rows) (token * H .. of the request), its counted entries
+// min(top_k, topk_len, seq_len - n_b + i + 1) as the extent (contract section 2.2; the SIMT
+// kernel's rule) and its index row.
+__device__ __forceinline__ void resolve_sparse_token(const DecodeKernelParams& p, int t,
+                                                     TileWork& w) {
   const int b = request_of_token(p, t);
   resolve_request(p, b, w);
   const int i = t - w.token0;
-  w.row0 = i * p.num_heads + tile * kTileRows;
+  w.row0 = i * p.num_heads;
   w.rows = (i + 1) * p.num_heads;
   w.seq_len = p.seq_lens[b];
   const int row = p.cum_seq_lens_q != nullptr ? t : i;  // per-token tensors' row (ragged: t)
@@ -82,6 +80,17 @@ __device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams
   if (p.topk_lens != nullptr) count = min(count, p.topk_lens[b * p.tl_batch + row * p.tl_token]);
   w.extent = max(0, min(count, w.seq_len - w.n + i + 1));
   w.slots = p.sparse_indices + b * p.si_batch + static_cast<int64_t>(row) * p.si_token;
+}
+
+// The tile of a sparse call (one query token's heads): token blockIdx.y, or sparse_order's entry
+// y (params.h), query-row tile `tile` of its H heads, split blockIdx.z of num_splits equal runs of
+// the 64-key blocks over its counted entries. w.rows is the row after the token's last head, so
+// that rows - row0 is the tile's row count.
+__device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile) {
+  TileWork w;
+  const int t = p.sparse_order != nullptr ? p.sparse_order[blockIdx.y] : blockIdx.y;
+  resolve_sparse_token(p, t, w);
+  w.row0 += tile * kTileRows;
   const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
   const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
   w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
