@@ -153,6 +153,12 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
   return f;
 }
 
+// A sparse call's (token, tile) CTAs per split: one tile per token on the few-rows kernel, tiles
+// of 64 heads on the seesaw kernel.
+int64_t sparse_ctas(const Problem& p, const Family& f) {
+  return p.num_tokens * (f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows));
+}
+
 // Upper bound of the splits per query token, from shapes and the SM count only.
 // SIMT kernel: enough CTAs for two waves, at least kMinKeysPerSplit keys per split, at most
 // kSimtMaxSplits. TMA kernels (one CTA per SM): as many splits as fit one wave of (tile, request)
@@ -164,8 +170,7 @@ int64_t split_count(const Problem& p, const Family& f, int sms, int64_t max_spli
   int64_t splits = 1, max_blocks = 1;
   if (f.sparse) {
     // One CTA per (token, tile of 64 heads), its keys the token's counted entries.
-    const int64_t tiles = f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows);
-    const int64_t ctas = p.num_tokens * tiles;
+    const int64_t ctas = sparse_ctas(p, f);
     max_blocks = std::max<int64_t>(
         1, ceil_div(std::min<int64_t>(p.top_k, p.max_seq_len), ::mla::sm90::kBlockKeys));
     const int64_t min_blocks = f.few_rows ? 2 : 1;
@@ -218,9 +223,8 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   // wave: started longest first (params.h, sparse_order; docs/sm90-sparse.md, Varied lens).
   // NOTE: not without lens: the order kernel costs ~7 us (B 128 H 128, no PDL), and counts then
   // differ only where a request is shorter than top_k.
-  const int64_t sparse_ctas =
-      p.num_tokens * (f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows));
-  if (f.sparse && l.splits == 1 && sparse_ctas > sms && p.topk_lens_mode != TopkLensMode::kNone) {
+  if (f.sparse && l.splits == 1 && sparse_ctas(p, f) > sms &&
+      p.topk_lens_mode != TopkLensMode::kNone) {
     l.order_offset = l.bytes;
     l.bytes = l.order_offset + align_up(p.num_tokens * 4);
   }
