@@ -197,10 +197,10 @@ TEST(Sm90Route, Table) {
        "seesaw schedule parts=132 tiles=1 combine"},
       {"H x q_len <= 16: the few-rows kernel, two blocks per split", dense(1, 16, 1),
        "few_rows splits=64 rows=16 combine"},
-      {"H x q_len <= 32, a split per request: out and lse directly", dense(128, 16, 2),
-       "few_rows splits=1 rows=32"},
+      {"H x q_len <= 32, several requests: the balanced schedule, one part per SM",
+       dense(128, 16, 2), "few_rows schedule parts=132 rows=32 combine"},
       {"ragged, at most 32 rows per request", ragged({2, 1, 0}, 16),
-       "few_rows splits=43 rows=32 combine"},
+       "few_rows schedule parts=132 rows=32 combine"},
       {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
        "seesaw schedule parts=26 tiles=5 clean combine"},
       // fp8 caches: the same kernels (widened in shared memory), never paired.
@@ -250,7 +250,7 @@ TEST(Sm90Route, Table) {
       {"fp8_ds_mla cache, dense: gathered by position, unpaired", dense(4, 128, 1).fp8_ds_mla(),
        "seesaw schedule parts=66 tiles=2 combine"},
       {"fp8_ds_mla cache, dense, H x q_len <= 32, pages of 1",
-       dense(8, 16, 2).fp8_ds_mla().pages(1), "few_rows splits=16 rows=32 combine"},
+       dense(8, 16, 2).fp8_ds_mla().pages(1), "few_rows schedule parts=132 rows=32 combine"},
       {"pages of 8", dense(4, 128, 1).pages(8), "simt splits=9 combine"},
       {"kv rows not 16-byte aligned", dense(4, 128, 1).padded_kv_rows(4), "simt splits=9 combine"},
       // No query token: no decode kernel.
@@ -389,6 +389,21 @@ TEST(Sm90Route, DirectSplitSwitch) {
   sw.direct_split = false;
   expect_routes(
       {{"one request", dense(1, 128, 4), "seesaw schedule parts=16 tiles=8 pair combine"}}, sw);
+}
+
+TEST(Sm90Route, FewRowsScheduleSwitch) {
+  Switches sw;
+  sw.few_rows_schedule = false;  // several requests of few rows: uniform splits
+  expect_routes(
+      {{"a split per request: out and lse directly", dense(128, 16, 2),
+        "few_rows splits=1 rows=32"},
+       {"ragged", ragged({2, 1, 0}, 16), "few_rows splits=43 rows=32 combine"},
+       {"B8 fp8 cache", dense(8, 16, 1).dtypes(kFp8, kFp8), "few_rows splits=16 rows=16 combine"}},
+      sw);
+  expect_routes({{"B8 fp8 cache", dense(8, 16, 1).dtypes(kFp8, kFp8),
+                  "few_rows schedule parts=132 rows=16 combine"},
+                 {"one request: uniform splits either way", dense(1, 16, 1),
+                  "few_rows splits=64 rows=16 combine"}});
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

@@ -119,11 +119,12 @@ bool schedule_fits(const Problem& p, int sms, int64_t fixed_blocks) {
 // Which kernel family takes the call, from its shapes (the split count depends on it, the
 // workspace cap does not change it).
 struct Family {
-  bool tma = false;       // the TMA kernels' shape conditions hold
-  bool few_rows = false;  // ... and the few-rows kernel takes it
-  bool seesaw = false;    // ... or the seesaw kernel
-  bool direct = false;    // the seesaw kernel's direct split (a call of one request)
-  bool sparse = false;    // a sparse call on the gather kernels (uniform splits, tiles per token)
+  bool tma = false;        // the TMA kernels' shape conditions hold
+  bool few_rows = false;   // ... and the few-rows kernel takes it
+  bool seesaw = false;     // ... or the seesaw kernel
+  bool direct = false;     // the seesaw kernel's direct split (a call of one request)
+  bool scheduled = false;  // the balanced schedule (seesaw, or few-rows with several requests)
+  bool sparse = false;     // a sparse call on the gather kernels (uniform splits, tiles per token)
 };
 
 Family family_of(const Problem& p, int sms, const Switches& sw) {
@@ -150,6 +151,11 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
   // Its direct split: a call of one request runs split_count() equal runs of its blocks per
   // query-row tile in the uniform layout, without the plan kernel (docs/sm90-seesaw.md).
   f.direct = f.seesaw && sw.direct_split && p.batch == 1;
+  // The balanced schedule: the seesaw kernel's calls but the direct split, and the few-rows
+  // kernel's calls of several requests (one query-row tile each; uniform splits, cut from the
+  // longest request, leave SMs idle behind the long requests of a batch of mixed lengths).
+  f.scheduled = (f.seesaw && !f.direct) || (f.few_rows && p.batch > 1 && sw.few_rows_schedule &&
+                                            schedule_fits(p, sms, sw.schedule_fixed_blocks));
   return f;
 }
 
@@ -203,7 +209,7 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   if (p.batch == 0) return l;
   l.splits = split_count(p, f, sms, sw.max_splits, cap);
   l.direct = p.num_tokens > 0 && f.direct;
-  l.scheduled = p.num_tokens > 0 && f.seesaw && !l.direct && !f.sparse;
+  l.scheduled = p.num_tokens > 0 && f.scheduled;
   int64_t rows = 0;
   if (l.scheduled) {
     l.parts = std::min(schedule_parts(p, sms), cap);

@@ -17,8 +17,9 @@ namespace mla::detail::sm90 {
 enum class Kernel {
   kNone,     // no query token (B = 0 or T = 0): no decode kernel (the checked mode still checks)
   kSimt,     // decode/simt/: every call the TMA kernels do not take
-  kFewRows,  // decode/few_rows/: TMA + wgmma, requests of at most 32 query rows (H x max_q_len);
-             // sparse: tokens of at most 32 heads
+  kFewRows,  // decode/few_rows/: TMA + wgmma, requests of at most 32 query rows (H x max_q_len),
+             // on the balanced schedule (several requests) or uniform splits (one); sparse:
+             // tokens of at most 32 heads
   kSeesaw,   // decode/seesaw/: TMA + wgmma, on the balanced schedule or the direct split; sparse:
              // uniform splits of tiles of 64 of a token's heads
 };
@@ -32,18 +33,18 @@ enum class Kernel {
 //            tokens the combine merges), first request per part [parts] int32, positions per
 //            part [1] int32
 //   ordered sparse calls only: the tokens by decreasing counted blocks [T] int32
-// with N partial rows: S x T x H in the uniform layout [S, T, H] (S = splits) of the SIMT and
-// few-rows kernels and the seesaw kernel's direct split, and at most T x H + (parts - 1) x
-// max_q_len x H on the balanced schedule. One split writes no partial row: the decode kernel
-// writes out and lse itself. On the schedule only requests of two or more segments have partial
-// rows (schedule_kernel.cu), and each such request spans at least one of the parts - 1 part
+// with N partial rows: S x T x H in the uniform layout [S, T, H] (S = splits) of the SIMT kernel,
+// the few-rows kernel on one request and the seesaw kernel's direct split, and at most T x H +
+// (parts - 1) x max_q_len x H on the balanced schedule. One split writes no partial row: the decode
+// kernel writes out and lse itself. On the schedule only requests of two or more segments have
+// partial rows (schedule_kernel.cu), and each such request spans at least one of the parts - 1 part
 // boundaries, which each cut one request: at most 2 (parts - 1) segments of at most max_q_len x H
 // rows, and never more than T x H + (parts - 1) x max_q_len x H. T query tokens, H heads,
 // L = 512.
 struct Layout {
   int64_t splits = 1;      // splits per query token of the uniform layout
   int64_t rows = 0;        // partial rows
-  bool scheduled = false;  // the seesaw kernel's balanced schedule: plan() writes it
+  bool scheduled = false;  // the balanced schedule (seesaw, few-rows): plan() writes it
   bool direct = false;     // the seesaw kernel's direct split (uniform layout, no schedule)
   int64_t parts = 0;       // parts of the balanced schedule
   int64_t max_offset = 0, sum_offset = 0, o_offset = 0;

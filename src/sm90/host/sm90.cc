@@ -363,8 +363,8 @@ cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const Ro
 }
 
 // Launches the route's decode kernel; `k` is the call's parameters in the uniform layout, to which
-// the balanced schedule's pieces are added where the seesaw kernel runs on it (the combine then
-// reads them too).
+// the balanced schedule's pieces are added where the seesaw or few-rows kernel runs on it (the
+// combine then reads them too).
 cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                           DecodeKernelParams& k, const CUtensorMap& kv_map, uint8_t* workspace,
                           cudaStream_t stream, bool pdl) {
@@ -372,6 +372,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   if (route.sparse) return launch_sparse(q, kv, k, route, stream, pdl);
   switch (route.kernel) {
     case Kernel::kFewRows:
+      if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);
       return route.few_rows == 16 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl)
                                   : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl);
     case Kernel::kSeesaw: {
@@ -400,8 +401,8 @@ size_t workspace_size(const Problem& problem) {
 }
 
 void plan(const Problem& p, const DecodeParams& prm) {
-  // The SIMT and few-rows kernels and the seesaw kernel's direct split derive each CTA's key range
-  // from seq_lens on the device; the balanced schedule is written into the workspace here.
+  // The SIMT kernel, the uniform splits and the seesaw kernel's direct split derive each CTA's key
+  // range from seq_lens on the device; the balanced schedule is written into the workspace here.
   if (p.batch == 0) return;
   DeviceGuard guard(p.device.device_id);
   const Route route = route_of(p);

@@ -23,6 +23,9 @@ struct Switches {
   int64_t schedule_fixed_blocks = ::mla::sm90::schedule::kFixedBlocks;
   // MLA_SM90_DIRECT=0: a call of one request runs on the balanced schedule, not the direct split.
   bool direct_split = true;
+  // MLA_SM90_FEW_ROWS_SCHEDULE=0: a few-rows call of several requests runs on uniform splits, not
+  // the balanced schedule.
+  bool few_rows_schedule = true;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

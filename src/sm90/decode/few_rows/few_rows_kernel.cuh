@@ -2,21 +2,23 @@
 // requests of at most kRows = 16 or 32 query rows (H x q_len), where 64-row tiles would be mostly
 // padding.
 //
-// Grid mapping (tma::resolve_tile with one tile): blockIdx.x = 0 (the request's n_b * H rows,
-// padded to kRows with zero rows), blockIdx.y = request b, blockIdx.z = split s, which takes the
-// s-th of num_splits equal runs of the request's 64-key blocks. It writes the split's unnormalized
-// partial (acc, max, sum) of each row, which the combine kernel merges, or with one split (the
-// host's choice, p.direct_out) out and lse themselves.
+// Work of a CTA (FewRowsCursor): on the balanced schedule (calls of several requests, p.sched_*
+// set) part blockIdx.y of the plan's line, one segment per request it touches, in order, grid
+// (1, parts); otherwise (one request, or the uniform layout) grid (1, B, S): request blockIdx.y,
+// split blockIdx.z of num_splits equal runs of its 64-key blocks (tma::resolve_tile). Each segment
+// writes its unnormalized partial (acc, max, sum) of each row, which the combine kernel merges, or,
+// where it covers its request (w.whole), out and lse themselves.
 //
 // Warpgroup roles (384 threads):
-//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a 2-stage ring.
-//   WG1, WG2 consumers: consumer c takes every block of parity c (stage c) on its own, with its
-//     own running max, row sums and O^T (512 x kRows, fp32): per block
+//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a 2-stage ring,
+//     every segment's blocks in turn (tma::walk_segments).
+//   WG1, WG2 consumers: consumer c takes every block of parity c of a segment (stage c) on its own,
+//     with its own running max, row sums and O^T (512 x kRows, fp32): per block
 //       S^T = K Q^T                  (36 x wgmma m64nNk16, A = K block, B = Q tile)
 //       m = max(m, colmax S^T), P = exp2(S^T - m), O^T = a O^T + V^T P^T  (32 x m64nNk16,
 //       A = V^T: the K block read MN-major, B = P from shared memory)
-//     The two consumers share no state until the end, where consumer 1 hands its (m, l, O^T) to
-//     consumer 0 through shared memory and consumer 0 merges and stores the partial.
+//     The two consumers share no state until the segment's end, where they merge their
+//     (m, l, O^T) through the stages of their last blocks, which they release only then.
 // Longer rationale: docs/sm90-few-rows.md.
 #pragma once
 
@@ -49,6 +51,57 @@ __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b, int consumer = 0)
 // values come in pairs of adjacent columns, then the row 8 below, then the next 8 columns.
 __device__ __forceinline__ constexpr int col_slot(int v) { return (v & 1) | ((v >> 2) << 1); }
 
+// The segments of a dense call's CTA: on the balanced schedule (p.sched_requests set: calls of
+// several requests) tma::PartCursor's, part blockIdx.y of the line (query-row tile 0, the request's
+// only one); otherwise one segment, request blockIdx.y's split blockIdx.z (tma::resolve_tile),
+// partial rows in the uniform layout [split, T, H]. The producer and the consumers walk the same
+// list.
+struct FewRowsCursor {
+  // Balanced schedule: the next request to look at (tma::PartCursor's b; its other fields follow
+  // from blockIdx.y and are recomputed per segment, not held in registers across the segment's
+  // blocks). Uniform layout: 0 before the one segment, 1 after it.
+  int next_b;
+
+  __device__ __forceinline__ void begin(const DecodeKernelParams& p) {
+    next_b = p.sched_requests != nullptr ? p.sched_part_first[blockIdx.y] : 0;
+  }
+
+  __device__ __forceinline__ bool next(const DecodeKernelParams& p, tma::TileWork& w,
+                                       int64_t& partial_row0) {
+    if (p.sched_requests != nullptr) {
+      tma::PartCursor part;
+      part.part = blockIdx.y;
+      part.per = *p.sched_part_blocks;
+      part.lo = part.part * part.per;
+      part.hi = part.lo + part.per;
+      part.b = next_b;
+      const bool more = part.next(p, w, partial_row0);
+      next_b = part.b;
+      return more;
+    }
+    if (next_b != 0) return false;
+    next_b = 1;
+    w = tma::resolve_tile(p);
+    if (w.row0 >= w.rows) return false;  // a request without query rows
+    partial_row0 =
+        (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
+    return true;
+  }
+};
+
+// What the consumers need of their segment besides its block count: kept in shared memory
+// (SharedMemoryPlan::segment) and read where used, so that the block loop holds no more registers
+// than a CTA of one segment did (held in registers, the walk's state spilled loop invariants of
+// the N = 32 instantiations to the stack, whose reloads inside the block loop miss L1: +23% at
+// B64 q2 H16 bf16-fp8).
+struct SegmentState {
+  tma::TileWork w;
+  int64_t partial_row0;
+  int tile_rows;         // the tile's query rows (the rest is padding)
+  int tile_limit;        // the first key some row of the tile does not attend
+  float skip_threshold;  // skip-softmax: f / seq_len (sparse: / the counted entries); 0: off
+};
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
@@ -74,22 +127,16 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
-  const tma::TileWork w = kSparse ? tma::resolve_sparse_tile(p, 0) : tma::resolve_tile(p);
-  if (w.row0 >= w.rows) return;  // a request without query rows
-  const int64_t partial_row0 =
-      (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
-  const int tile_rows = min(kRows, w.rows - w.row0);
-
-  if (w.block_begin >= w.block_end) {  // an empty split
-    if (w.whole) {
-      store_empty_rows(p, w.row0, tile_rows, w.token0, threadIdx.x, Traits::kThreads);
-    } else {
-      tma::store_empty_partial(p, partial_row0, tile_rows, threadIdx.x);
-    }
-    return;
-  }
-  // The producer warpgroup's registers: 56 where it widens or gathers.
+  using Cursor = std::conditional_t<kSparse, tma::SparseCursor, FewRowsCursor>;
+  // The producer warpgroup's registers: 56 where it widens or gathers; 72 where it walks the
+  // segments of a dense call while it does (the consumers keep 216): with 56, the walk's state
+  // spilled, and its reloads missed L1 in every block (B64 q2 H16 bf16-fp8 +23%).
   constexpr bool kWideProducer = F::kFp8Cache || kGather;
+  using Split = tma::RegisterSplit<Traits, kWideProducer>;
+  constexpr bool kRoomy = kWideProducer && !kSparse;
+  constexpr uint32_t kProducerRegs = kRoomy ? 72 : Split::kProducer;
+  constexpr uint32_t kConsumerRegs = kRoomy ? 216 : Split::kConsumer;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
@@ -103,48 +150,58 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // docs/sm90-seesaw.md, Resources).
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
-    // ---- producer warpgroup: lane 0 of warp q issues page piece q ----
-    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
-    if constexpr (kGather) {
-      tma::gather_blocks<Traits, KV, false, kSparse>(p, w, smem, threadIdx.x, 0, 0);
+    // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
+    // page piece q ----
+    tma::regs_dealloc<kProducerRegs>();
+    uint32_t used0, used1;  // blocks each stage has held (its barriers' phase)
+    if constexpr (kSparse) {
+      // One segment: no walk (its state would cost the gather registers).
+      const tma::TileWork w = tma::resolve_sparse_tile(p, 0);
+      if (w.row0 < w.rows && w.block_begin < w.block_end) {
+        tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
+      }
+      return;
+    } else if constexpr (kGather) {
+      tma::walk_segments<Cursor>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::gather_blocks<Traits, KV, false, false>(p, w, smem, threadIdx.x, u0, u1);
+          });
       return;
     } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
-      if (threadIdx.x < issuers) {
-        tma::prefetch_tensor_map(&kv_map);
-        tma::issue_fp8_chunks<Traits>(p, w, &kv_map, smem, threadIdx.x, 0, 0);
-      } else if (threadIdx.x >= 32) {
-        tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, 0, 0,
-                                      barrier_id(NamedBarrier::kWiden));
+      const bool issuer = threadIdx.x < issuers;
+      if (threadIdx.x >= 32 || issuer) {
+        if (issuer) tma::prefetch_tensor_map(&kv_map);
+        tma::walk_segments<Cursor>(
+            p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+              if (issuer) {
+                tma::issue_fp8_chunks<Traits>(p, w, &kv_map, smem, threadIdx.x, u0, u1);
+              } else {
+                tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, u0, u1,
+                                              barrier_id(NamedBarrier::kWiden));
+              }
+            });
       }
       return;
     }
     const int piece = threadIdx.x / 32;
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
-      tma::produce_chunks<Traits>(p, w, &kv_map, smem, piece);
+      tma::walk_segments<Cursor>(p, used0, used1,
+                                 [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+                                   tma::produce_chunks<Traits>(p, w, &kv_map, smem, piece, u0, u1);
+                                 });
     }
     return;
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer>::kConsumer>();
+  tma::regs_alloc<kConsumerRegs>();
   const int cw = wg - 1;                    // consumer index: its block parity and stage
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
-
-  // Query tile into shared memory (padding rows 0).
-  {
-    tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
-                              std::conditional_t<F::kFp8Query, __half, void>>(
-        p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-        [] { named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads); },
-        [] {});
-    fence_proxy_async_smem();
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  }
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
@@ -162,55 +219,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kL>, Int<kRows>>{}));
   static_assert(size(decltype(tSrS){}) == kRows / 2, "S^T fragment: 64 x N over 128 threads");
   static_assert(size(decltype(tOrO){}) == 4 * kRows, "O^T fragment: 512 x N over 128 threads");
-  clear(tOrO);
 
   // The thread's query rows (columns of S^T and O^T): slot s is the column of the values v with
-  // col_slot(v) == s. A row attends keys j < limit (and, with a custom mask, the mask rule).
+  // col_slot(v) == s.
   auto my_col = [&](int s) { return 2 * (lane & 3) + (s & 1) + 8 * (s >> 1); };
-  const int first_query = w.seq_len - w.n;
-  // Sparse: every row counts the token's entries [0, extent).
-  auto limit_of = [&](int r) {
-    if (kSparse || r >= tile_rows) return w.extent;  // padding: zero scores, a column nobody reads
-    if (p.mask != nullptr) return w.seq_len;
-    return max(0, first_query + r / p.num_heads + 1);
-  };
-  // The first key some row of the tile does not attend (with a mask: the first draft key). Blocks
-  // past it take the masked path in every thread, and their V rows from it on are cleaned
-  // (tma::clean_v_rows). Sparse: the gather lands keys past the extent and -1 entries as zeros.
-  const int tile_limit =
-      kSparse ? w.extent : max(0, p.mask != nullptr ? first_query : first_query + 1);
-  int min_limit = tile_limit;
-#pragma unroll
-  for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_col(s)));
-  // The attended-set rule of slot s (tma::RowRule), built where a block needs masking.
-  auto rule_of = [&](int s) {
-    tma::RowRule rule;
-    const int r = my_col(s);
-    rule.limit = limit_of(r);
-    rule.first_query = first_query;
-    rule.mask = nullptr;
-    if (!kSparse && p.mask != nullptr && r < tile_rows) {
-      const int i = r / p.num_heads;
-      const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-      rule.mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
-    }
-    return rule;
-  };
-
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
-  // Skip-softmax threshold f / seq_len (sparse: the token's counted entries).
-  const int skip_len = kSparse ? w.extent : w.seq_len;
-  const bool skip_softmax = p.skip_softmax_factor > 0.0f && skip_len > 0;
-  const float skip_threshold =
-      skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len)) : 0.0f;
-
-  float col_max[kCols], col_sum[kCols];  // this consumer's running max (base 2), own-key sums
-#pragma unroll
-  for (int s = 0; s < kCols; ++s) {
-    col_max[s] = kNegInf;
-    col_sum[s] = 0.0f;
-  }
 
   // One arrive per consumer warp on one of the stage's empty barriers.
   auto release = [&](uint64_t* bar) {
@@ -218,274 +232,391 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     if (lane == 0) mbar_arrive(bar);
   };
 
-  const int num_blocks = w.block_end - w.block_begin;
-  for (int it = cw; it < num_blocks; it += 2) {
-    const int round = it / 2;
-    const int par = round & 1;
-    const uint32_t phase = round & 1;
-    const int key0 = (w.block_begin + it) * kKeys;
-    T* k_stage = smem.k[cw];
+  uint32_t used = 0;  // blocks this consumer's stage has held before the segment (its phase)
+  Cursor cursor;
+  cursor.begin(p);
+  tma::TileWork w;
+  int64_t partial_row0;
+  SegmentState& seg = *reinterpret_cast<SegmentState*>(smem.segment);
+  static_assert(sizeof(SegmentState) <= sizeof(smem.segment), "segment state");
+  while (cursor.next(p, w, partial_row0)) {
+    const int tile_rows = min(kRows, w.rows - w.row0);
+    if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
+      if (w.whole) {
+        store_empty_rows(p, w.row0, tile_rows, w.token0, ctid, Traits::kConsumerThreads);
+      } else {
+        tma::store_empty_partial(p, partial_row0, tile_rows, ctid);
+      }
+      continue;
+    }
+    const int num_blocks = w.block_end - w.block_begin;
+    // NOTE: the previous segment's reads of seg ended before its last barrier; this segment's
+    // reads come after the first barrier of the query tile's load.
+    if (ctid == 0) {
+      const int first_query = w.seq_len - w.n;
+      const int skip_len = kSparse ? w.extent : w.seq_len;
+      seg.w = w;
+      seg.partial_row0 = partial_row0;
+      seg.tile_rows = tile_rows;
+      seg.tile_limit =
+          kSparse ? w.extent : max(0, p.mask != nullptr ? first_query : first_query + 1);
+      seg.skip_threshold = p.skip_softmax_factor > 0.0f && skip_len > 0
+                               ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len))
+                               : 0.0f;
+    }
 
-    // ---- qk_gemm: S^T = K Q^T over the whole block, each 64-column chunk issued as it lands ----
+    // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
+    // both consumers passed its final barrier.
     {
-      Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
-      Tensor tSrK = thr_qk.partition_fragment_A(sK);
-      tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
-    }
-
-    // ---- mask; column max over the block's keys (scaled, base 2) ----
-    // NOTE: where every row of the thread attends every key of the block, S^T stays unscaled and
-    // the scale goes into P's FFMA (docs/sm90-seesaw.md, Softmax).
-    // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
-    uint64_t absent = 0;  // bit k: key key0 + k is -1
-    if constexpr (kSparse) {
-      absent =
-          (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0)) << 32) |
-          __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
-    }
-    const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
-                          key0 + kKeys <= min_limit && absent == 0;
-    const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
-    float block_max[kCols];
-#pragma unroll
-    for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;
-    if (unmasked) {
-      // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
-      // P = 0 and would leave its row finite: flagged here, the row turns NaN through its sum
-      // (contract section 1.2; the masked path below makes such a score NaN).
-      // One largest |S| over the thread's scores finds the rare block that has one.
-      float abs_max = 0.0f;
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) {
-        block_max[col_slot(v)] = fmaxf(block_max[col_slot(v)], tSrS(v));
-        abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
-      }
-      if (abs_max == kInf) {
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          if (tSrS(v) == kNegInf) col_sum[col_slot(v)] = __int_as_float(0x7fffffff);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        const tma::RowRule rule = rule_of(s);
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          if (col_slot(v) != s) continue;
-          const int j = key0 + get<0>(tScS(v));
-          // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
-          // turn (contract section 1; the key's V row may have been cleaned).
-          float x = kNegInf;
-          if (rule.attends(j) && ((absent >> get<0>(tScS(v))) & 1) == 0) {
-            x = tSrS(v) * score_scale;
-            if (x == kNegInf) x = __int_as_float(0x7fffffff);
-          }
-          tSrS(v) = x;
-          block_max[s] = fmaxf(block_max[s], x);
-        }
-      }
-    }
-    // Keys of a column sit in lanes with the same lane % 4 (8 of a warp) and in the 4 warps.
-#pragma unroll
-    for (int s = 0; s < kCols; ++s) {
-      block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 4));
-      block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 8));
-      block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 16));
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) smem.max[cw][par][warp][my_col(s)] = block_max[s];
-    }
-    named_barrier_sync(barrier_id(NamedBarrier::kMaxFirst, cw), 128);
-#pragma unroll
-    for (int s = 0; s < kCols; ++s) {
-      float m = smem.max[cw][par][0][my_col(s)];
-#pragma unroll
-      for (int x = 1; x < 4; ++x) m = fmaxf(m, smem.max[cw][par][x][my_col(s)]);
-      block_max[s] = m * s_mul;  // scale > 0: the max of the scaled scores
-    }
-
-    // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
-    if (skip_softmax) {
-      bool negligible = true;
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        negligible = negligible &&
-                     (my_col(s) >= tile_rows || exp2f(block_max[s] - col_max[s]) < skip_threshold);
-      }
-      if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst, cw), 128, negligible)) {
-#pragma unroll
-        for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;  // P = 0: the block adds nothing
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
-      }
-    }
-
-    // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
-    float alpha[kCols];
-#pragma unroll
-    for (int s = 0; s < kCols; ++s) {
-      const float m_new = fmaxf(col_max[s], block_max[s]);
-      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // no finite score yet: P = 0
-      alpha[s] = exp2f(col_max[s] - m_use);
-      col_max[s] = m_new;
-      block_max[s] = m_use;
-      col_sum[s] *= alpha[s];
-    }
-    CUTE_UNROLL
-    for (int v = 0; v < size(tSrS); ++v) {
-      const float e = tma::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[col_slot(v)]));
-      tSrS(v) = e;
-      col_sum[col_slot(v)] += e;
-    }
-
-    // ---- P into shared memory (16-bit, rows x keys); zero V rows of keys past the extent ----
-    {
-      // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-      // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md, Precision).
-      uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) {
-        const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
-        *reinterpret_cast<T*>(p_bytes + offset) = T(tSrS(v));
-      }
-      // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
-      // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-      const int valid = min(kKeys, w.extent - key0);
-      // From the first key some row of the tile does not attend (tile_limit).
-      const int clean0 = min(valid, max(0, tile_limit - key0));
-      if (!kSparse && clean0 < kKeys) {
-        tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
-                          clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid,
-                          128);
-      }
+      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
+                                std::conditional_t<F::kFp8Query, __half, void>>(
+          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+          [] {
+            named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+          },
+          [] {});
       fence_proxy_async_smem();
-      named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    }
+    clear(tOrO);
+
+    // A row attends keys j < limit (and, with a custom mask, the mask rule). Sparse: every row
+    // counts the token's entries [0, extent). Read from seg where a block needs it.
+    auto limit_of = [&](int r) {
+      const tma::TileWork& sw = seg.w;
+      if (kSparse || r >= seg.tile_rows) return sw.extent;  // padding: a column nobody reads
+      if (p.mask != nullptr) return sw.seq_len;
+      return max(0, sw.seq_len - sw.n + r / p.num_heads + 1);
+    };
+    // The first key some row of the tile does not attend (with a mask: the first draft key), the
+    // thread's rows' least limit below it. Blocks past it take the masked path in every thread,
+    // and their V rows from it on are cleaned (tma::clean_v_rows). Sparse: the gather lands keys
+    // past the extent and -1 entries as zeros.
+    int min_limit = seg.tile_limit;
+#pragma unroll
+    for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_col(s)));
+    // The attended-set rule of slot s (tma::RowRule), built where a block needs masking.
+    auto rule_of = [&](int s) {
+      const tma::TileWork& sw = seg.w;
+      tma::RowRule rule;
+      const int r = my_col(s);
+      rule.limit = limit_of(r);
+      rule.first_query = sw.seq_len - sw.n;
+      rule.mask = nullptr;
+      if (!kSparse && p.mask != nullptr && r < seg.tile_rows) {
+        const int i = r / p.num_heads;
+        const int t = p.cum_seq_lens_q != nullptr ? sw.token0 + i : i;
+        rule.mask = p.mask + sw.b * p.mask_batch + t * p.mask_token;
+      }
+      return rule;
+    };
+
+    float col_max[kCols], col_sum[kCols];  // this consumer's running max (base 2), own-key sums
+#pragma unroll
+    for (int s = 0; s < kCols; ++s) {
+      col_max[s] = kNegInf;
+      col_sum[s] = 0.0f;
     }
 
-    // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T, chunks 0..3 and 4..7 as two batches ----
-    CUTE_UNROLL
-    for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
-    {
-      Tensor sV = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutV{});
-      Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 8, 4)
-      static_assert(decltype(size<1>(tOrV))::value == kL / 64, "one m tile per V chunk");
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int m = 0; m < size<1>(tOrV); ++m) {
-        CUTE_UNROLL
-        for (int k = 0; k < size<2>(tOrV); ++k) {
-          cute::gemm(mma_pv, tOrV(_, m, k), tOrP(_, 0, k), tOrO(_, m, 0));
-        }
-        if (m == Traits::kLeftChunks - 1) warpgroup_commit_batch();
+    for (int it = cw; it < num_blocks; it += 2) {
+      const int round = it / 2;
+      const int par = round & 1;
+      const uint32_t phase = (used + round) & 1;
+      const int key0 = (seg.w.block_begin + it) * kKeys;
+      T* k_stage = smem.k[cw];
+
+      // ---- qk_gemm: S^T = K Q^T over the whole block, each 64-column chunk issued as it lands
+      // ----
+      {
+        Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+        Tensor tSrK = thr_qk.partition_fragment_A(sK);
+        tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
       }
-      warpgroup_commit_batch();
-      // NOTE: the first half's chunks go back to the producer while the second half runs.
-      warpgroup_wait<1>();
+
+      // ---- mask; column max over the block's keys (scaled, base 2) ----
+      // NOTE: where every row of the thread attends every key of the block, S^T stays unscaled and
+      // the scale goes into P's FFMA (docs/sm90-seesaw.md, Softmax).
+      // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
+      uint64_t absent = 0;  // bit k: key key0 + k is -1
+      if constexpr (kSparse) {
+        absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
+                  << 32) |
+                 __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+      }
+      const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
+                            key0 + kKeys <= min_limit && absent == 0;
+      const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
+      float block_max[kCols];
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;
+      if (unmasked) {
+        // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
+        // P = 0 and would leave its row finite: flagged here, the row turns NaN through its sum
+        // (contract section 1.2; the masked path below makes such a score NaN).
+        // One largest |S| over the thread's scores finds the rare block that has one.
+        float abs_max = 0.0f;
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          block_max[col_slot(v)] = fmaxf(block_max[col_slot(v)], tSrS(v));
+          abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
+        }
+        if (abs_max == kInf) {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            if (tSrS(v) == kNegInf) col_sum[col_slot(v)] = __int_as_float(0x7fffffff);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < kCols; ++s) {
+          const tma::RowRule rule = rule_of(s);
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            if (col_slot(v) != s) continue;
+            const int j = key0 + get<0>(tScS(v));
+            // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
+            // turn (contract section 1; the key's V row may have been cleaned).
+            float x = kNegInf;
+            if (rule.attends(j) && ((absent >> get<0>(tScS(v))) & 1) == 0) {
+              x = tSrS(v) * score_scale;
+              if (x == kNegInf) x = __int_as_float(0x7fffffff);
+            }
+            tSrS(v) = x;
+            block_max[s] = fmaxf(block_max[s], x);
+          }
+        }
+      }
+      // Keys of a column sit in lanes with the same lane % 4 (8 of a warp) and in the 4 warps.
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) {
+        block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 4));
+        block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 8));
+        block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 16));
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int s = 0; s < kCols; ++s) smem.max[cw][par][warp][my_col(s)] = block_max[s];
+      }
+      named_barrier_sync(barrier_id(NamedBarrier::kMaxFirst, cw), 128);
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) {
+        float m = smem.max[cw][par][0][my_col(s)];
+#pragma unroll
+        for (int x = 1; x < 4; ++x) m = fmaxf(m, smem.max[cw][par][x][my_col(s)]);
+        block_max[s] = m * s_mul;  // scale > 0: the max of the scaled scores
+      }
+
+      // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
+      if (p.skip_softmax_factor > 0.0f && seg.skip_threshold > 0.0f) {
+        const float skip_threshold = seg.skip_threshold;
+        const int tile_rows = seg.tile_rows;
+        bool negligible = true;
+#pragma unroll
+        for (int s = 0; s < kCols; ++s) {
+          negligible = negligible && (my_col(s) >= tile_rows ||
+                                      exp2f(block_max[s] - col_max[s]) < skip_threshold);
+        }
+        if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst, cw), 128, negligible)) {
+#pragma unroll
+          for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;  // P = 0: the block adds nothing
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
+        }
+      }
+
+      // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
+      float alpha[kCols];
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) {
+        const float m_new = fmaxf(col_max[s], block_max[s]);
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;  // no finite score yet: P = 0
+        alpha[s] = exp2f(col_max[s] - m_use);
+        col_max[s] = m_new;
+        block_max[s] = m_use;
+        col_sum[s] *= alpha[s];
+      }
+      CUTE_UNROLL
+      for (int v = 0; v < size(tSrS); ++v) {
+        const float e = tma::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[col_slot(v)]));
+        tSrS(v) = e;
+        col_sum[col_slot(v)] += e;
+      }
+
+      // ---- P into shared memory (16-bit, rows x keys); zero V rows of keys past the extent ----
+      {
+        // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
+        // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
+        // Precision).
+        uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
+          *reinterpret_cast<T*>(p_bytes + offset) = T(tSrS(v));
+        }
+        // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
+        // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
+        const int valid = min(kKeys, seg.w.extent - key0);
+        // From the first key some row of the tile does not attend (tile_limit).
+        const int clean0 = min(valid, max(0, seg.tile_limit - key0));
+        if (!kSparse && clean0 < kKeys) {
+          tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
+                            clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u,
+                            wtid, 128);
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
+      }
+
+      // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T, chunks 0..3 and 4..7 as two batches ----
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
+      {
+        Tensor sV = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutV{});
+        Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 8, 4)
+        static_assert(decltype(size<1>(tOrV))::value == kL / 64, "one m tile per V chunk");
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int m = 0; m < size<1>(tOrV); ++m) {
+          CUTE_UNROLL
+          for (int k = 0; k < size<2>(tOrV); ++k) {
+            cute::gemm(mma_pv, tOrV(_, m, k), tOrP(_, 0, k), tOrO(_, m, 0));
+          }
+          if (m == Traits::kLeftChunks - 1) warpgroup_commit_batch();
+        }
+        warpgroup_commit_batch();
+        // NOTE: the first half's chunks go back to the producer while the second half runs. The
+        // consumer's last block of the segment keeps its stage: the segment's end merges through
+        // it and releases it afterwards.
+        const bool keep = it + 2 >= num_blocks;
+        warpgroup_wait<1>();
+        if (!keep) release(&smem.empty_l[cw]);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (!keep) release(&smem.empty_r[cw]);
+      }
+    }
+
+    // ---- store_partials: merge the two consumers' (max, sum, O^T) through their stages ----
+    // A non-finite O value comes from a non-finite attended key or value (an inf value whose score
+    // came out -inf leaves NaN in its column only; an inf value with P > 0 an inf): its row turns
+    // NaN, out and lse (contract section 1), through its sum. Once per segment.
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); ++v) {
+      if (!isfinite(tOrO(v))) col_sum[col_slot(v % (kRows / 2))] = __int_as_float(0x7fffffff);
+    }
+#pragma unroll
+    for (int s = 0; s < kCols; ++s) {
+      col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 4);
+      col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 8);
+      col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 16);
+      if (lane < 4) smem.sum[cw][warp][my_col(s)] = col_sum[s];
+      if (warp == 0 && lane < 4) smem.final_max[cw][my_col(s)] = col_max[s];
+    }
+    // Consumer c holds the stage of its last block (kept above) where it had one: a segment of one
+    // block leaves consumer 1 none, and stage 1 may then already hold the next segment's block.
+    const bool has_second = num_blocks >= 2;
+    // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum
+    // stores above before every read below, and the barrier after the last reads orders those
+    // before the next segment's stores. compute-sanitizer's racecheck does not credit
+    // partial-count named barriers and reports this pair as RAW hazards (docs/sm90-few-rows.md,
+    // Sanitizers).
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    // Row c's max over both consumers (natural log units) and its sum at that max.
+    auto row_total = [&](int c, float& m_nat, float& l) {
+      const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
+      const float m = fmaxf(m0, m1);
+      const float m_use = m == kNegInf ? 0.0f : m;
+      float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        l0 += smem.sum[0][x][c];
+        l1 += smem.sum[1][x][c];
+      }
+      m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
+      l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
+    };
+    // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
+    constexpr int kStride = Traits::kMergeStride;
+    if (cw == 0 || has_second) {
+      float factor[kCols];  // exp2(own max - merged max)
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) {
+        const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
+        factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
+      }
+      float* own = reinterpret_cast<float*>(smem.k[cw]);
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) {
+        own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] =
+            factor[col_slot(v % (kRows / 2))] * tOrO(v);
+      }
+    }
+    // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out or
+    // partial_o) and what its O is multiplied by.
+    const int tile_rows_end = seg.tile_rows;
+    const bool whole = seg.w.whole;
+    if (ctid < tile_rows_end) {
+      const int64_t partial_row0 = seg.partial_row0;
+      float m_nat, l;
+      row_total(ctid, m_nat, l);
+      if (whole) {
+        // The request's only segment: the combine's normalization (output.cuh) here.
+        const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
+        smem.out_row[ctid] = target.offset;
+        smem.out_scale[ctid] = target.scale;
+      } else {
+        // A partial: max, sum and o = bmm2 O / sum (params.h).
+        p.partial_max[partial_row0 + ctid] = m_nat;
+        p.partial_sum[partial_row0 + ctid] = l;
+        smem.out_row[ctid] = (partial_row0 + ctid) * kL;
+        smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
+      }
+    }
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    const float* first = reinterpret_cast<const float*>(smem.k[0]);
+    const float* second = reinterpret_cast<const float*>(smem.k[1]);
+    // Partial rows are 512 wide whatever L is (route.h); out rows L.
+    const int cols = whole ? p.kv_lora_rank : kL;
+    for (int e = ctid; e < tile_rows_end * (kL / 8); e += Traits::kConsumerThreads) {
+      const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
+      const int64_t o = smem.out_row[c];
+      if (o < 0 || d >= cols) continue;
+      const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; k += 4) {
+        float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
+        if (has_second) {
+          const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
+          a.x += b.x;
+          a.y += b.y;
+          a.z += b.z;
+          a.w += b.w;
+        }
+        v[k + 0] = f != 0.0f ? a.x * f : 0.0f;
+        v[k + 1] = f != 0.0f ? a.y * f : 0.0f;
+        v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
+        v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
+      }
+      const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                                     pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
+      if (whole) {
+        store_out8(p, o + d, words);
+      } else {
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
+      }
+    }
+    // Every thread's reads of both stages (and of out_row, out_scale, sum and final_max) are done:
+    // the kept stages go back to the producer, which may already wait for them with the next
+    // segment's first blocks.
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    if (cw == 0 || has_second) {
       release(&smem.empty_l[cw]);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
       release(&smem.empty_r[cw]);
     }
-  }
-
-  // ---- store_partials: merge the two consumers' (max, sum, O^T) through the two stages ----
-  // A non-finite O value comes from a non-finite attended key or value (an inf value whose score
-  // came out -inf leaves NaN in its column only; an inf value with P > 0 an inf): its row turns
-  // NaN, out and lse (contract section 1), through its sum. Once per CTA.
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); ++v) {
-    if (!isfinite(tOrO(v))) col_sum[col_slot(v % (kRows / 2))] = __int_as_float(0x7fffffff);
-  }
-#pragma unroll
-  for (int s = 0; s < kCols; ++s) {
-    col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 4);
-    col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 8);
-    col_sum[s] += __shfl_xor_sync(0xffffffffu, col_sum[s], 16);
-    if (lane < 4) smem.sum[cw][warp][my_col(s)] = col_sum[s];
-    if (warp == 0 && lane < 4) smem.final_max[cw][my_col(s)] = col_max[s];
-  }
-  // Both consumers are done with every stage (each loaded block was waited for and consumed).
-  // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum stores
-  // above before every read below; the CTA handles one (request, split), so nothing writes them
-  // again. compute-sanitizer's racecheck does not credit partial-count named barriers and reports
-  // this pair as RAW hazards (docs/sm90-few-rows.md, Sanitizers).
-  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  // Row c's max over both consumers (natural log units) and its sum at that max.
-  auto row_total = [&](int c, float& m_nat, float& l) {
-    const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
-    const float m = fmaxf(m0, m1);
-    const float m_use = m == kNegInf ? 0.0f : m;
-    float l0 = 0.0f, l1 = 0.0f;
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      l0 += smem.sum[0][x][c];
-      l1 += smem.sum[1][x][c];
-    }
-    m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-    l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
-  };
-  float factor[kCols];  // exp2(own max - merged max)
-#pragma unroll
-  for (int s = 0; s < kCols; ++s) {
-    const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
-    factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
-  }
-  // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
-  constexpr int kStride = Traits::kMergeStride;
-  float* own = reinterpret_cast<float*>(smem.k[cw]);
-  CUTE_UNROLL
-  for (int v = 0; v < size(tOrO); ++v) {
-    own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
-  }
-  // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out or
-  // partial_o) and what its O is multiplied by.
-  if (ctid < tile_rows) {
-    float m_nat, l;
-    row_total(ctid, m_nat, l);
-    if (w.whole) {
-      // The call's only split: the combine's normalization (output.cuh) here.
-      const RowTarget target = finish_row(p, w.row0 + ctid, w.token0, m_nat, l);
-      smem.out_row[ctid] = target.offset;
-      smem.out_scale[ctid] = target.scale;
-    } else {
-      // A partial: max, sum and o = bmm2 O / sum (params.h).
-      p.partial_max[partial_row0 + ctid] = m_nat;
-      p.partial_sum[partial_row0 + ctid] = l;
-      smem.out_row[ctid] = (partial_row0 + ctid) * kL;
-      smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
-    }
-  }
-  named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-  const float* first = reinterpret_cast<const float*>(smem.k[0]);
-  const float* second = reinterpret_cast<const float*>(smem.k[1]);
-  // Partial rows are 512 wide whatever L is (route.h); out rows L.
-  const int cols = w.whole ? p.kv_lora_rank : kL;
-  for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
-    const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
-    const int64_t o = smem.out_row[c];
-    if (o < 0 || d >= cols) continue;
-    const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
-    float v[8];
-#pragma unroll
-    for (int k = 0; k < 8; k += 4) {
-      const float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
-      const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
-      v[k + 0] = f != 0.0f ? (a.x + b.x) * f : 0.0f;
-      v[k + 1] = f != 0.0f ? (a.y + b.y) * f : 0.0f;
-      v[k + 2] = f != 0.0f ? (a.z + b.z) * f : 0.0f;
-      v[k + 3] = f != 0.0f ? (a.w + b.w) * f : 0.0f;
-    }
-    const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
-                                   pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
-    if (w.whole) {
-      store_out8(p, o + d, words);
-    } else {
-      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
-    }
-  }
+    used += (num_blocks + 1 - cw) / 2;
+  }  // segments
 }
 
 template <Elem Q, Elem KV, int kRows>
@@ -496,7 +627,9 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   auto* kernel = &few_rows_kernel<Q, KV, kRows, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(1, params.batch, params.num_splits);
+  // The balanced schedule: one CTA per part (FewRowsCursor).
+  const dim3 grid = params.sched_requests != nullptr ? dim3(1, params.num_parts)
+                                                     : dim3(1, params.batch, params.num_splits);
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
 }
 

@@ -12,10 +12,11 @@ namespace mla::sm90::few_rows {
 // this many rows per request run here, one tile per request.
 inline constexpr int kMaxRows = 32;
 
-// Computes the partials of every (split, token, head) exactly like tma::launch_seesaw (grid
-// (1, B, num_splits), same workspace layout and kv_cache tensor map), for calls whose requests
-// have at most kRows = 16 or 32 query rows; one explicit instantiation per (query, kv_cache) pair
-// of tma::Formats and kRows.
+// Computes the partials of every (split, token, head) exactly like tma::launch_seesaw (same
+// workspace layouts and kv_cache tensor map), for calls whose requests have at most kRows = 16 or
+// 32 query rows: on the balanced schedule where params.sched_requests is set (grid (1,
+// num_parts)), else in the uniform layout (grid (1, B, num_splits)); one explicit instantiation
+// per (query, kv_cache) pair of tma::Formats and kRows.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl);

@@ -117,6 +117,9 @@ struct FewRowsTraits {
     int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
     float out_scale[kRows];         // partial_o, and what its O is multiplied by
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
+    // The consumers' current segment (few_rows_kernel.cuh, SegmentState), written by consumer
+    // thread 0 at its start and read where needed, not held in registers across its blocks.
+    alignas(16) uint8_t segment[128];
     // Sparse calls (tma/gather.cuh): the block's entries (-1: no key; 0 past the counted ones),
     // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];

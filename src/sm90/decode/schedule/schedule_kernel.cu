@@ -4,7 +4,9 @@
 //   pass 1: cost of request b = blocks_b + fixed (kFixedBlocks; 0 without a block); an
 //           exclusive scan gives its position; positions per part are the even share
 //           ceil(total / parts), or, where every request with a block costs the same, a multiple
-//           of that cost up to 10% above it;
+//           of that cost up to 10% above it, or, where there are at least two parts for each such
+//           request, the uniform split: k = parts / requests equal runs of each request's blocks,
+//           each request starting a part (its line stride k runs, no fixed cost);
 //   pass 2: the parts a request's blocks fall in give its segment count; a second scan of
 //           segments x rows gives its first partial row, and of the tokens the combine merges
 //           (those of requests without exactly one segment) their place on its list; each part
@@ -41,6 +43,7 @@ __global__ void __launch_bounds__(kThreads)
   } scan;
   __shared__ int part_first[kMaxParts];
   __shared__ int max_cost, min_cost;  // the largest and smallest cost of a request with a block
+  __shared__ int active;              // requests with a block
   static_assert(kBlockKeys == 64, "blocks_of divides by 64");
 
   pdl_wait();  // seq_lens may come from the previous grid; the last plan's readers are done
@@ -72,6 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     max_cost = 0;
     min_cost = INT_MAX;
+    active = 0;
   }
   __syncthreads();  // part_first and the costs initialized; the scan storage is reused below
   for (int b = b_begin; b < b_end; ++b) {
@@ -79,6 +83,7 @@ __global__ void __launch_bounds__(kThreads)
     if (blocks > 0) {
       atomicMax(&max_cost, blocks + fixed);
       atomicMin(&min_cost, blocks + fixed);
+      atomicAdd(&active, 1);
     }
   }
   __syncthreads();
@@ -88,14 +93,36 @@ __global__ void __launch_bounds__(kThreads)
   // NOTE: with mixed lengths a multiple of the longest cost cuts inside requests anyway and only
   // leaves the last parts short or empty (B64 q2 varlen: 3 of 33 parts, the rest 8% longer;
   // docs/sm90-seesaw.md, Work split).
+  // Equal requests with at least two parts each: the uniform split, k = parts / requests equal
+  // runs of ceil(blocks / k) blocks per request, each request starting a part (its positions
+  // stride k runs; no fixed cost, which only decides where requests are cut): every part holds
+  // one segment. The even share would cut the line across request boundaries, putting two
+  // segments (two query tiles, two partial stores, the ring drained between them) on most parts
+  // for the same blocks (B64 q2 H16 on the few-rows kernel: +6%).
   const int even = max(1, (total + parts - 1) / parts);
   int per = even;
+  int stride = 0;    // > 0: the uniform split, the line positions of each request
+  int lead = fixed;  // positions before a request's first block
   if (max_cost > 0 && min_cost == max_cost) {
-    const int64_t whole = static_cast<int64_t>((even + max_cost - 1) / max_cost) * max_cost;
-    if (whole * 100 <= static_cast<int64_t>(even) * (100 + kSlackPercent)) {
-      per = static_cast<int>(whole);
+    const int k = parts / active;
+    if (k >= 2) {
+      const int blocks = max_cost - fixed;
+      per = (blocks + k - 1) / k;
+      stride = k * per;
+      lead = 0;
+      pos0 = pos0 / max_cost * stride;  // every request before b_begin has a block or costs 0
+    } else {
+      const int64_t whole = static_cast<int64_t>((even + max_cost - 1) / max_cost) * max_cost;
+      if (whole * 100 <= static_cast<int64_t>(even) * (100 + kSlackPercent)) {
+        per = static_cast<int>(whole);
+      }
     }
   }
+  // Where request b's blocks start (from its position) and the next request's position.
+  auto start_of = [&](int pos) { return pos + lead; };
+  auto next_pos = [&](int start, int blocks) {
+    return stride > 0 ? start + stride : start + blocks;
+  };
 
   // A token is trusted in the fast path, and never written outside [0, T).
   auto inside = [&](int t) { return t >= 0 && t < p.num_tokens; };
@@ -112,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
     int token0;
     const int n = tokens_of(b, token0);
-    const int start = pos + fixed;
+    const int start = start_of(pos);
     const int segments = segments_of(start, blocks);
     if (segments != 1) {
       for (int i = 0; i < n; ++i) listed += inside(token0 + i) ? 1 : 0;
@@ -122,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     // requests of two or more (the workspace bound in route.h counts on it).
     if (segments >= 2) rows += segments * n * heads;
     for (int k = start / per; k <= (start + blocks - 1) / per; ++k) atomicMin(&part_first[k], b);
-    pos = start + blocks;
+    pos = next_pos(start, blocks);
   }
   // Both scans in one: partial rows in the high 32 bits, listed tokens (at most T) in the low.
   long long before = 0, sums = 0;
@@ -136,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
     const int blocks = blocks_of(p.seq_lens[b], max_blocks);
     int token0;
     const int n = tokens_of(b, token0);
-    const int start = pos + fixed;
+    const int start = start_of(pos);
     int segments = segments_of(start, blocks);
     const int request_rows = n * heads;
     // NOTE: consistent cum_seq_lens_q keeps every row inside the workspace's bound; inconsistent
@@ -156,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
       ++list_pos;
     }
     if (segments >= 2) row += segments * request_rows;
-    if (blocks > 0) pos = start + blocks;
+    if (blocks > 0) pos = next_pos(start, blocks);
   }
   __syncthreads();
   for (int k = threadIdx.x; k < parts; k += kThreads) out.part_first[k] = part_first[k];

@@ -97,8 +97,9 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
 // barrier once every issuer has arrived and its boxes have landed, so the S GEMM can start on the
 // first chunk. The V_L chunks are refilled as soon as consumer 0 releases them (empty_l), the V_R
 // chunks and the rope chunk once consumer 1 has too (empty_r).
-// `used0` and `used1` count the blocks stages 0 and 1 held before this run (the phase of their
-// barriers): a CTA that walks several segments adds each run's blocks, (n + 1) / 2 and n / 2.
+// `used0` and `used1`: the count, or its parity, of the blocks stages 0 and 1 held before this run
+// (the phase of their barriers): a CTA that walks several segments adds each run's blocks, (n + 1)
+// / 2 and n / 2 (walk_segments passes parities).
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
 // split only: docs/sm90-seesaw.md, the direct split).
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
@@ -170,8 +171,10 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
 }
 
 // The producer side's walk over the CTA's segments, in the consumers' order: `run(w, used0,
-// used1)` for each segment with blocks, where used0 and used1 count the blocks stages 0 and 1
-// held before it (the phase of their barriers); returns those counts after the last segment.
+// used1)` for each segment with blocks, where used0 and used1 are the parities of the blocks
+// stages 0 and 1 held before it (the phase of their barriers: only the parity is ever read, and
+// one bit each keeps the walk's state small for producers of 56 registers); returns those
+// parities after the last segment.
 template <typename Cursor, typename Run>
 __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint32_t& used0,
                                               uint32_t& used1, Run run) {
@@ -184,8 +187,8 @@ __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint3
     if (w.block_begin >= w.block_end) continue;
     run(w, used0, used1);
     const uint32_t n = w.block_end - w.block_begin;
-    used0 += (n + 1) / 2;
-    used1 += n / 2;
+    used0 ^= ((n + 1) / 2) & 1;
+    used1 ^= (n / 2) & 1;
   }
 }
 

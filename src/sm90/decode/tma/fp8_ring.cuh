@@ -114,10 +114,14 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
   const int key0 = lane >> 2, unit = 2 * (lane & 3);
   const uint32_t dst_lo = key0 * 128 + ((unit ^ key0) << 4);
   const uint32_t dst_hi = key0 * 128 + (((unit + 1) ^ key0) << 4);
+  // The stages' phases at the run's start, one bit each: one register across the loop, not two
+  // (the few-rows kernel's segment walk left a lane of 56 registers short).
+  const uint32_t phases = (used0 & 1) | ((used1 & 1) << 1);
+  const int num_blocks = w.block_end - w.block_begin;
 #pragma unroll 1
-  for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+  for (int it = 0; it < num_blocks; ++it) {
     const int stage = it & 1;
-    const uint32_t phase = ((stage == 0 ? used0 : used1) + (it >> 1)) & 1;
+    const uint32_t phase = ((phases >> stage) + (it >> 1)) & 1;
     uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
 #pragma unroll 1
     for (int r = 0; r < kRounds; ++r) {
