@@ -47,9 +47,9 @@ void check_support(const Problem& problem);
 // (which fixes the split count), never on tensor contents.
 size_t workspace_size(const Problem& problem);
 
-// Writes what the call's route needs before run: the seesaw kernel's balanced schedule, by a plan
-// kernel on params.stream, where the route runs it (src/sm90/host/route.h); nothing otherwise (the
-// other kernels derive each CTA's key range from seq_lens on the device).
+// Writes what the call's route needs before run: the balanced schedule of the seesaw and few-rows
+// kernels, by a plan kernel on params.stream, where the route runs it (src/sm90/host/route.h);
+// nothing otherwise (the other routes derive each CTA's key range from seq_lens on the device).
 void plan(const Problem& problem, const DecodeParams& params);
 
 // Launches the decode (and, with validate_indices, the index check first) on params.stream.

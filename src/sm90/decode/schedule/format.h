@@ -1,5 +1,6 @@
 // The balanced schedule's records in the workspace: what the plan kernel (schedule_kernel.cu)
-// writes and the seesaw kernel (tma/kv_pipeline.cuh, PartCursor) and the combine kernel read.
+// writes and the seesaw and few-rows kernels (tma/kv_pipeline.cuh, PartCursor) and the combine
+// kernel read.
 // Plain types, shared by host and device code (params.h holds pointers to them).
 #pragma once
 

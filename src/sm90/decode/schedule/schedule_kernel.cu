@@ -1,4 +1,5 @@
-// Plan kernel of the balanced schedule (format.h; docs/sm90-seesaw.md, Work split).
+// Plan kernel of the balanced schedule (format.h; docs/sm90-seesaw.md, Work split), which the
+// seesaw and few-rows kernels walk.
 //
 // One CTA of kThreads threads, each owning a contiguous run of requests:
 //   pass 1: cost of request b = blocks_b + fixed (kFixedBlocks; 0 without a block); an
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // ---- pass 2: segments, partial rows, first request of each part, listed tokens ----
-  // NOTE: the combine lists the tokens of requests without exactly one segment; the seesaw kernel
+  // NOTE: the combine lists the tokens of requests without exactly one segment; the decode kernel
   // writes the others' out and lse.
   int rows = 0, listed = 0;
   for (int b = b_begin, pos = pos0; b < b_end; ++b) {
