@@ -242,11 +242,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   while (cursor.next(p, w, partial_row0)) {
     const int tile_rows = min(kRows, w.rows - w.row0);
     if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
-      if (w.whole) {
-        store_empty_rows(p, w.row0, tile_rows, w.token0, ctid, Traits::kConsumerThreads);
-      } else {
-        tma::store_empty_partial(p, partial_row0, tile_rows, ctid);
-      }
+      tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
       continue;
     }
     const int num_blocks = w.block_end - w.block_begin;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "sm90/common.cuh"
+#include "sm90/decode/output.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
 
@@ -88,6 +89,18 @@ __device__ __forceinline__ void store_empty_partial(const DecodeKernelParams& p,
   if (tid < rows) {
     p.partial_max[row0 + tid] = kNegInf;
     p.partial_sum[row0 + tid] = 0.0f;
+  }
+}
+
+// A segment without a key of the tile (rows [w.row0, w.row0 + tile_rows)): a whole request's out
+// rows 0 and lse -inf, or its empty partial rows; threads tid of nthreads.
+__device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p, const TileWork& w,
+                                                    int64_t partial_row0, int tile_rows, int tid,
+                                                    int nthreads) {
+  if (w.whole) {
+    store_empty_rows(p, w.row0, tile_rows, w.token0, tid, nthreads);
+  } else {
+    store_empty_partial(p, partial_row0, tile_rows, tid);
   }
 }
 
