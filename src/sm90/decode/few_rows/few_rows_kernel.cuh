@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
     tma::regs_dealloc<kProducerRegs>();
-    uint32_t used0, used1;  // blocks each stage has held (its barriers' phase)
+    uint32_t used0, used1;  // parity of the blocks each stage has held (its phase)
     if constexpr (kSparse) {
       // One segment: no walk (its state would cost the gather registers).
       const tma::TileWork w = tma::resolve_sparse_tile(p, 0);
@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     const int tile_rows_end = seg.tile_rows;
     const bool whole = seg.w.whole;
     if (ctid < tile_rows_end) {
-      const int64_t partial_row0 = seg.partial_row0;
+      const int64_t row0 = seg.partial_row0;  // the segment's first partial row
       float m_nat, l;
       row_total(ctid, m_nat, l);
       if (whole) {
@@ -563,9 +563,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         smem.out_scale[ctid] = target.scale;
       } else {
         // A partial: max, sum and o = bmm2 O / sum (params.h).
-        p.partial_max[partial_row0 + ctid] = m_nat;
-        p.partial_sum[partial_row0 + ctid] = l;
-        smem.out_row[ctid] = (partial_row0 + ctid) * kL;
+        p.partial_max[row0 + ctid] = m_nat;
+        p.partial_sum[row0 + ctid] = l;
+        smem.out_row[ctid] = (row0 + ctid) * kL;
         smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
       }
     }
