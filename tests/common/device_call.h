@@ -13,6 +13,7 @@
 
 #include "common/decode_case.h"
 #include "common/fp8_ds_mla.h"
+#include "common/fp8_mma.h"
 #include "common/test_util.h"
 #include "host/backends.h"
 #include "mla/mla.h"
@@ -180,16 +181,33 @@ inline Case deepseek(Case c) {
 // P), and every kernel rounds a split's partial o to the out type (params.h); each adds at most
 // its half ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is
 // not split, or on the SIMT kernel, the allowance is only an upper bound.
+// An e4m3 query and cache on the few-rows kernel's FP8 tensor cores (route.fp8_mma) round P to
+// e4m3 and accumulate in the tensor cores' narrower format: sm90_allowance adds that route's
+// per-row terms (tests/common/fp8_mma.h).
+inline bool sm90_fp8_mma(const Built& b) {
+  return b.c.q_dtype == mla::dtype::kFloat8E4M3 && route_on_device(b.params).fp8_mma;
+}
 inline double sm90_p_rel(const Built& b) {
   namespace dt = mla::dtype;
   mla::DataType p_dtype = b.c.kv_dtype;
   if (b.c.kv_dtype == dt::kFloat8E4M3) {
-    p_dtype = b.c.q_dtype == dt::kBFloat16 ? dt::kBFloat16 : dt::kFloat16;
+    p_dtype = b.c.q_dtype == dt::kBFloat16 ? dt::kBFloat16
+              : sm90_fp8_mma(b)            ? dt::kFloat8E4M3
+                                           : dt::kFloat16;
   }
-  if (p_dtype != dt::kBFloat16 && p_dtype != dt::kFloat16) p_dtype = dt::kFloat32;
+  if (p_dtype != dt::kBFloat16 && p_dtype != dt::kFloat16 && p_dtype != dt::kFloat8E4M3) {
+    p_dtype = dt::kFloat32;
+  }
   return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
-inline void check_sm90(const Built& b) { decode_case::check_against_oracle(b, sm90_p_rel(b)); }
+// The per-row allowances of the call's route beyond sm90_p_rel (none but on route.fp8_mma).
+inline RowAllowance sm90_allowance(const Built& b) {
+  return sm90_fp8_mma(b) ? fp8_mma::allowance(b.in) : RowAllowance{};
+}
+inline void check_sm90(const Built& b) {
+  const RowAllowance extra = sm90_allowance(b);
+  decode_case::check_against_oracle(b, sm90_p_rel(b), &extra);
+}
 
 // check_sm90 for a call over an fp8_ds_mla cache (fp8_ds_mla::use_fp8_ds_mla, b.c.kv_dtype bf16)
 // that took `route`. The gather kernels (any route but SIMT) round each dequantized latent value to

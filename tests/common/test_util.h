@@ -201,8 +201,11 @@ inline OutTolerance out_tolerance(mla::DataType out_dtype) {
   throw std::invalid_argument("out_tolerance: unsupported dtype");
 }
 
-// p_rel for probabilities rounded to `p_dtype` (see OutTolerance); fp32 P: 0.
+// p_rel for probabilities rounded to `p_dtype` (see OutTolerance); fp32 P: 0. e4m3 P (the FP8
+// tensor cores' P V) has 3 mantissa bits: half an ulp is 2^-4 relative in its normal range (its
+// subnormal range adds an absolute term: tests/common/fp8_mma.h).
 inline double p_rounding_rel(mla::DataType p_dtype) {
+  if (p_dtype == mla::dtype::kFloat8E4M3) return 1.0 / 8;
   if (p_dtype == mla::dtype::kBFloat16) return 1.0 / 256;
   if (p_dtype == mla::dtype::kFloat16) return 1.0 / 2048;
   if (p_dtype == mla::dtype::kFloat32) return 0.0;
@@ -211,12 +214,15 @@ inline double p_rounding_rel(mla::DataType p_dtype) {
 
 // Per-row additions to the tolerances, for a kernel that rounds its inputs before the math (an
 // fp8_ds_mla cache's dequantized values: fp8_ds_mla::dequant_rounding_allowance derives them).
-// out_rel[r] multiplies row r's ref_abs, as p_rel does; lse_abs[r] adds to lse's allowance. Rows
-// index (token, head) as t * H + h; empty vectors add nothing.
+// out_rel[r] multiplies row r's ref_abs, as p_rel does; out_abs[r] adds to every out value of row
+// r; lse_abs[r] adds to lse's allowance. Rows index (token, head) as t * H + h; empty vectors add
+// nothing.
 struct RowAllowance {
   std::vector<double> out_rel;
+  std::vector<double> out_abs;
   std::vector<double> lse_abs;
   double out(int64_t r) const { return out_rel.empty() ? 0.0 : out_rel[r]; }
+  double out_add(int64_t r) const { return out_abs.empty() ? 0.0 : out_abs[r]; }
   double lse(int64_t r) const { return lse_abs.empty() ? 0.0 : lse_abs[r]; }
 };
 
@@ -232,7 +238,7 @@ constexpr double kLseRtol = 2e-5;
 // values and the reference's magnitude scale (OutTolerance::p_rel). Empty rows (all reference
 // values exactly 0 with `row_empty(r)` true) must be exactly 0. NaN never passes. `worst`
 // (optional) receives the largest |err| / allowed over non-empty rows; `extra` (optional) adds
-// its out_rel[r] * ref_abs to row r's allowance.
+// its out_rel[r] * ref_abs and its out_abs[r] to row r's allowance.
 template <typename Got, typename Ref, typename RefAbs, typename Empty>
 ::testing::AssertionResult compare_rows(const char* what, int64_t rows, int64_t width,
                                         OutTolerance tol, Got got, Ref ref, RefAbs ref_abs,
@@ -246,12 +252,13 @@ template <typename Got, typename Ref, typename RefAbs, typename Empty>
     for (int64_t c = 0; c < width; ++c) row_max = std::max(row_max, std::fabs(ref(r, c)));
     const bool empty = row_empty(r);
     const double rel = tol.p_rel + (extra != nullptr ? extra->out(r) : 0.0);
+    const double add = extra != nullptr ? extra->out_add(r) : 0.0;
     for (int64_t c = 0; c < width; ++c) {
       const double g = got(r, c);
       const double x = ref(r, c);
       const double allowed = empty ? 0.0
                                    : tol.atol_row * row_max + tol.rtol * std::fabs(x) +
-                                         tol.atol_abs + rel * ref_abs(r, c);
+                                         tol.atol_abs + rel * ref_abs(r, c) + add;
       const double err = std::fabs(g - x);
       const bool ok = !std::isnan(g) && std::isfinite(x) && err <= allowed;
       if (!empty && allowed > 0) worst = std::max(worst, err / allowed);

@@ -283,6 +283,8 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.sparse = f.sparse;
     const int64_t rows = f.sparse ? p.num_heads : p.max_q_len * p.num_heads;  // per tile
     r.few_rows = rows <= 16 ? 16 : 32;
+    r.fp8_mma = !f.sparse && sw.fp8_mma && p.q_dtype == dtype::kFloat8E4M3 &&
+                p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;
@@ -324,6 +326,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.layout.scheduled = r.layout.direct = false;
   r.kernel = Kernel::kSimt;
   r.few_rows = 0;
+  r.fp8_mma = false;
   r.tiles = 0;
   r.sparse = false;
   r.pair = r.clean = false;

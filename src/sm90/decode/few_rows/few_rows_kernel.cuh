@@ -102,18 +102,61 @@ struct SegmentState {
   float skip_threshold;  // skip-softmax: f / seq_len (sparse: / the counted entries); 0: off
 };
 
+// The GEMM element type of the few-rows kernel: e4m3 where kFp8Mma (an e4m3 query and cache of a
+// dense call on the FP8 tensor cores), else the 16-bit type of tma::Formats.
+template <Elem Q, Elem KV, bool kFp8Mma>
+inline constexpr Elem kFewRowsCompute = kFp8Mma ? Elem::kFp8E4M3 : tma::Formats<Q, KV>::kCompute;
+
+// Loads the V^T fragment of m tile `m` (V columns 64 m .. 64 m + 63, the stage's chunk m) for both
+// k steps of 32 keys of an e4m3 PV GEMM (wgmma A from registers, 8-bit layout: lane t holds rows
+// t / 4 and t / 4 + 8 of its warp's 16, k columns 4 (t % 4) .. + 3 and 16 + 4 (t % 4) .. + 3).
+// One transposed ldmatrix per k step gives lane t the byte pairs of keys 2q, 2q + 1 (q = t % 4) of
+// four 8-key matrices at value columns 2 (t / 4) and 2 (t / 4) + 1; two byte permutes make the A
+// registers without any exchange between lanes, at the price of two fixed relabellings:
+//   - A row r (< 8) of warp w is value column 16 w + 2 r, row r + 8 is 16 w + 2 r + 1 (the O^T
+//     accumulator rows follow: fp8_o_row);
+//   - k slot 4 q + j of each group of 16 keys is key 2 q (j 0), 8 + 2 q (1), 2 q + 1 (2), 9 + 2 q
+//     (3) of the group, so P^T is stored with that order of its keys (fp8_p_slot).
+__device__ __forceinline__ void load_fp8_v_fragment(uint32_t stage_addr, int m, int warp, int lane,
+                                                    uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int key = 32 * k + lane;  // lane i: row i % 8 of matrix i / 8
+    const uint32_t addr = stage_addr + m * 64 * 64 + key * 64 + ((warp ^ ((key >> 1) & 3)) << 4);
+    uint32_t x0, y0, x1, y1;  // keys 0..7, 8..15, 16..23, 24..31 of the k step
+    tma::ldmatrix_x4_trans(addr, x0, y0, x1, y1);
+    a[k][0] = tma::byte_perm(x0, y0, 0x6240);  // row r: keys 2q, 8 + 2q, 2q + 1, 9 + 2q
+    a[k][1] = tma::byte_perm(x0, y0, 0x7351);  // row r + 8
+    a[k][2] = tma::byte_perm(x1, y1, 0x6240);
+    a[k][3] = tma::byte_perm(x1, y1, 0x7351);
+  }
+}
+
+// The k slot of key `key` (0..63) of a block in the e4m3 PV GEMM (load_fp8_v_fragment).
+__device__ __forceinline__ constexpr int fp8_p_slot(int key) {
+  return (key & ~15) | (((key & 7) >> 1) << 2) | ((key & 1) << 1) | ((key >> 3) & 1);
+}
+// The V column of O^T accumulator row `l` (the GMMA's row index) of the e4m3 PV GEMM.
+__device__ __forceinline__ constexpr int fp8_o_row(int l) {
+  return (l & ~15) | ((l & 7) << 1) | ((l >> 3) & 1);
+}
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
-// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
+// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads; or, with
+// kFp8Mma (an e4m3 query and cache, dense calls), both stay e4m3 and both GEMMs run on the FP8
+// tensor cores (docs/sm90-fp8.md).
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
-template <Elem Q, Elem KV, int kRowsN, bool kSparse>
+template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Mma = false>
 __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  using Traits = FewRowsTraits<F::kCompute, kRowsN>;
+  static_assert(!kFp8Mma || (F::kFp8Query && F::kFp8Cache && !kSparse),
+                "the FP8 tensor cores take a dense call's e4m3 query and cache");
+  using Traits = FewRowsTraits<kFewRowsCompute<Q, KV, kFp8Mma>, kRowsN>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
@@ -131,7 +174,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // The producer warpgroup's registers: 56 where it widens or gathers; 72 where it walks the
   // segments of a dense call while it does (the consumers keep 216): with 56, the walk's state
   // spilled, and its reloads missed L1 in every block (B64 q2 H16 bf16-fp8 +23%).
-  constexpr bool kWideProducer = F::kFp8Cache || kGather;
+  constexpr bool kWiden = F::kFp8Cache && !kFp8Mma;  // the producer widens the cache
+  constexpr bool kWideProducer = kWiden || kGather;
   using Split = tma::RegisterSplit<Traits, kWideProducer>;
   constexpr bool kRoomy = kWideProducer && !kSparse;
   constexpr uint32_t kProducerRegs = kRoomy ? 72 : Split::kProducer;
@@ -141,7 +185,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
-    tma::init_ring_barriers<Traits, false, F::kFp8Cache>(smem, issuers);
+    tma::init_ring_barriers<Traits, false, kWiden, kFp8Mma>(smem, issuers);
   }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
@@ -167,7 +211,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
             tma::gather_blocks<Traits, KV, false, false>(p, w, smem, threadIdx.x, u0, u1);
           });
       return;
-    } else if constexpr (F::kFp8Cache) {
+    } else if constexpr (kWiden) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
       const bool issuer = threadIdx.x < issuers;
       if (threadIdx.x >= 32 || issuer) {
@@ -214,6 +258,19 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 4)
 
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
+  // kFp8Mma: each GEMM's partial sums go through fp32 (below, promoted); the V^T fragments.
+  Tensor tSrT0 = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
+  Tensor tSrT1 = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
+  Tensor tOrT0 = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+  Tensor tOrT1 = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+  auto tOrA = [&] {  // (MMA, 1, 2) e4m3 registers
+    if constexpr (kFp8Mma) {
+      return thr_pv.partition_fragment_A(
+          make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));
+    } else {
+      return 0;
+    }
+  }();
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kL>, Int<kRows>>{});
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kKeys>, Int<kRows>>{}));
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kL>, Int<kRows>>{}));
@@ -226,10 +283,16 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
-  // One arrive per consumer warp on one of the stage's empty barriers.
+  // One arrive per consumer warp on one of the stage's empty barriers; kFp8Mma: one per thread,
+  // which is not a divergent path (the releases come while the P V GEMMs run, and a divergent
+  // arrive there made ptxas serialize them).
   auto release = [&](uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
+    if constexpr (kFp8Mma) {
+      mbar_arrive(bar);
+    } else {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar);
+    }
   };
 
   uint32_t used = 0;  // blocks this consumer's stage has held before the segment (its phase)
@@ -265,7 +328,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // both consumers passed its final barrier.
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
-                                std::conditional_t<F::kFp8Query, __half, void>>(
+                                std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>,
+                                kFp8Mma>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -326,7 +390,42 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       {
         Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_A(sK);
-        tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
+        if constexpr (kFp8Mma) {
+          // NOTE: the FP8 tensor cores keep ~13 bits of the sum they accumulate into; each chunk's
+          // two k steps start from zero and are added in fp32 (the error model: docs/sm90-fp8.md,
+          // Precision). The next chunk's k steps are issued before the previous chunk's sum is
+          // added.
+          auto issue = [&](int c, auto& t) {
+            mbar_wait(&smem.full[cw][c], phase);
+            warpgroup_fence_operand(t);
+            warpgroup_arrive();
+            mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
+            cute::gemm(mma_qk, tSrK(_, _, 2 * c), tSrQ(_, _, 2 * c), t);
+            mma_qk.accumulate_ = GMMA::ScaleOut::One;
+            cute::gemm(mma_qk, tSrK(_, _, 2 * c + 1), tSrQ(_, _, 2 * c + 1), t);
+            warpgroup_commit_batch();
+          };
+          auto add = [&](auto& t, bool first) {
+            warpgroup_fence_operand(t);
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) tSrS(v) = first ? t(v) : tSrS(v) + t(v);
+          };
+          static_assert(Traits::kChunks == 9, "chunks issued in pairs after the first");
+          issue(0, tSrT0);
+          CUTE_UNROLL
+          for (int c = 1; c < Traits::kChunks; c += 2) {
+            issue(c, tSrT1);
+            warpgroup_wait<1>();
+            add(tSrT0, c == 1);
+            issue(c + 1, tSrT0);
+            warpgroup_wait<1>();
+            add(tSrT1, false);
+          }
+          warpgroup_wait<0>();
+          add(tSrT0, false);
+        } else {
+          tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
+        }
       }
 
       // ---- mask; column max over the block's keys (scaled, base 2) ----
@@ -431,9 +530,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         block_max[s] = m_use;
         col_sum[s] *= alpha[s];
       }
+      // kFp8Mma: P is taken 2^8 times larger (at most 2^8 <= 448, e4m3's largest finite value),
+      // so that it is rounded in e4m3's normal range down to 2^-14; the factor leaves with the sums
+      // at the segment's end (kPUnscale).
+      constexpr float kPShift = kFp8Mma ? 8.0f : 0.0f;
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {
-        const float e = tma::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[col_slot(v)]));
+        const float e = tma::exp2_ftz(fmaf(tSrS(v), s_mul, kPShift - block_max[col_slot(v)]));
         tSrS(v) = e;
         col_sum[col_slot(v)] += e;
       }
@@ -444,17 +547,34 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
         // Precision).
         uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
-          *reinterpret_cast<T*>(p_bytes + offset) = T(tSrS(v));
+        if constexpr (kFp8Mma) {
+          // NOTE: e4m3 P (3 mantissa bits) moves out by up to 2^-4 times sum_j p_j |v_j| / Z, and
+          // P below 2^-14 of the max is subnormal, below 2^-18 0 (docs/sm90-fp8.md, Precision).
+          // The thread's keys g and g + 8 of its warp's 16 take adjacent k slots (fp8_p_slot):
+          // one 2-byte store per query row.
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            if (v & 2) continue;  // v | 2: the same query row, key + 8
+            const int key = get<0>(tScS(v)), row = get<1>(tScS(v));
+            const uint32_t offset = tma::swizzled_offset_e4m3(row, fp8_p_slot(key), kRows);
+            *reinterpret_cast<uint16_t*>(p_bytes + offset) = tma::e4m3x2(tSrS(v), tSrS(v | 2));
+          }
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
+            *reinterpret_cast<T*>(p_bytes + offset) = T(tSrS(v));
+          }
         }
         // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
         // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
         const int valid = min(kKeys, seg.w.extent - key0);
         // From the first key some row of the tile does not attend (tile_limit).
         const int clean0 = min(valid, max(0, seg.tile_limit - key0));
-        if (!kSparse && clean0 < kKeys) {
+        if (kFp8Mma && clean0 < kKeys) {
+          tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                                 kL / Traits::kChunkCols, clean0, valid, wtid, 128);
+        } else if (!kSparse && clean0 < kKeys) {
           tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
                             clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u,
                             wtid, 128);
@@ -463,10 +583,59 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
       }
 
-      // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T, chunks 0..3 and 4..7 as two batches ----
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
-      {
+      const bool keep = it + 2 >= num_blocks;
+      if constexpr (kFp8Mma) {
+        // ---- pv_gemm on the FP8 tensor cores: per m tile (V chunk), V^T from registers into a
+        // partial accumulator from zero, then O^T = a O^T + partial in fp32; the next tile's
+        // loads and GEMM go ahead of the previous tile's add. A chunk's bytes are in registers
+        // once its fragment is built: chunks 0..3 go back to the producer after tile 3's loads,
+        // 4..8 after tile 7's (the rope chunk served S alone). ----
+        const uint32_t stage_addr = tma::smem_addr(k_stage);
+        uint32_t frag[2][2][4];  // [tile parity][k step][register]
+        auto issue = [&](int m, auto& t) {
+          load_fp8_v_fragment(stage_addr, m, warp, lane, frag[m & 1]);
+          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[cw]);
+          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[cw]);
+          warpgroup_fence_operand(t);
+          warpgroup_arrive();
+          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            Tensor a = recast<uint32_t>(tOrA(_, 0, k));
+            CUTE_UNROLL
+            for (int i = 0; i < 4; ++i) a(i) = frag[m & 1][k][i];
+            cute::gemm(mma_pv, tOrA(_, 0, k), tOrP(_, 0, k), t(_, 0, 0));
+            mma_pv.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+        };
+        auto add = [&](int m, auto& t) {
+          warpgroup_fence_operand(t);
+          CUTE_UNROLL
+          for (int i = 0; i < size(t); ++i) {
+            tOrO(i, m, 0) = fmaf(alpha[col_slot(i)], tOrO(i, m, 0), t(i));
+          }
+        };
+        static_assert(kL / 64 == 8, "tiles issued in pairs");
+        issue(0, tOrT0);
+        CUTE_UNROLL
+        for (int m = 1; m < kL / 64; m += 2) {
+          issue(m, tOrT1);
+          warpgroup_wait<1>();
+          add(m - 1, tOrT0);
+          if (m + 1 < kL / 64) {
+            issue(m + 1, tOrT0);
+            warpgroup_wait<1>();
+          } else {
+            warpgroup_wait<0>();
+          }
+          add(m, tOrT1);
+        }
+      } else {
+        // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T, chunks 0..3 and 4..7 as two batches
+        // ----
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
         Tensor sV = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutV{});
         Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 8, 4)
         static_assert(decltype(size<1>(tOrV))::value == kL / 64, "one m tile per V chunk");
@@ -484,7 +653,6 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         // NOTE: the first half's chunks go back to the producer while the second half runs. The
         // consumer's last block of the segment keeps its stage: the segment's end merges through
         // it and releases it afterwards.
-        const bool keep = it + 2 >= num_blocks;
         warpgroup_wait<1>();
         if (!keep) release(&smem.empty_l[cw]);
         warpgroup_wait<0>();
@@ -519,6 +687,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // Sanitizers).
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     // Row c's max over both consumers (natural log units) and its sum at that max.
+    // kFp8Mma: P was 2^8 times larger (kPShift), and so are the sums and O.
+    constexpr float kPUnscale = kFp8Mma ? 1.0f / 256.0f : 1.0f;
     auto row_total = [&](int c, float& m_nat, float& l) {
       const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
       const float m = fmaxf(m0, m1);
@@ -530,7 +700,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         l1 += smem.sum[1][x][c];
       }
       m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-      l = exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1;
+      l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
     };
     // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
     constexpr int kStride = Traits::kMergeStride;
@@ -539,13 +709,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 #pragma unroll
       for (int s = 0; s < kCols; ++s) {
         const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
-        factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m));
+        factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
       }
       float* own = reinterpret_cast<float*>(smem.k[cw]);
       CUTE_UNROLL
       for (int v = 0; v < size(tOrO); ++v) {
-        own[get<1>(tOcO(v)) * kStride + get<0>(tOcO(v))] =
-            factor[col_slot(v % (kRows / 2))] * tOrO(v);
+        const int l = kFp8Mma ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
+        own[get<1>(tOcO(v)) * kStride + l] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
       }
     }
     // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out or
@@ -615,18 +785,28 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }  // segments
 }
 
-template <Elem Q, Elem KV, int kRows>
-cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRows>;
+template <Elem Q, Elem KV, int kRows, bool kFp8Mma>
+cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                               cudaStream_t stream, bool pdl) {
+  using Traits = FewRowsTraits<kFewRowsCompute<Q, KV, kFp8Mma>, kRows>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, false>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Mma>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // The balanced schedule: one CTA per part (FewRowsCursor).
   const dim3 grid = params.sched_requests != nullptr ? dim3(1, params.num_parts)
                                                      : dim3(1, params.batch, params.num_splits);
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
+}
+
+template <Elem Q, Elem KV, int kRows>
+cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                            cudaStream_t stream, bool pdl, bool fp8_mma) {
+  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
+    if (fp8_mma) return launch_few_rows_as<Q, KV, kRows, true>(params, kv_map, stream, pdl);
+  }
+  if (fp8_mma) return cudaErrorInvalidValue;  // the route asks it of e4m3 pairs only
+  return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 
 template <Elem Q, Elem KV, int kRows>

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "sm90/params.h"
 
@@ -52,6 +53,23 @@ struct GmmaOps<Elem::kFp16, 32> {
       cute::SM90::GMMA::MMA_64x32x16_F32F16F16_SS<cute::GMMA::Major::MN, cute::GMMA::Major::K>;
 };
 
+// e4m3 query and cache on the FP8 tensor cores (docs/sm90-fp8.md, fp8 query and cache in the
+// few-rows kernel): S^T = K Q^T reads both operands from shared memory (both K-major there), and
+// O^T += V^T P^T takes V^T from registers (loaded transposed: fp8 wgmma reads no MN-major operand
+// from shared memory), P from shared memory.
+template <>
+struct GmmaOps<Elem::kFp8E4M3, 16> {
+  using Type = cute::float_e4m3_t;
+  using QkAtom = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_SS_TN<>;
+  using PvAtom = cute::SM90::GMMA::MMA_64x16x32_F32E4M3E4M3_RS_TN<>;
+};
+template <>
+struct GmmaOps<Elem::kFp8E4M3, 32> {
+  using Type = cute::float_e4m3_t;
+  using QkAtom = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_SS_TN<>;
+  using PvAtom = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
+};
+
 // Named barriers (id 0 is __syncthreads). Per-consumer barriers are `first + consumer index`.
 enum class NamedBarrier : uint32_t {
   kConsumers = 1,  // both consumer warpgroups (256 threads)
@@ -68,6 +86,10 @@ template <Elem E, int kRowsN>
 struct FewRowsTraits {
   using Ops = GmmaOps<E, kRowsN>;
   using T = typename Ops::Type;
+  // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
+  // 32; 16-bit operands: 128-byte rows (128-byte swizzle), k steps of 16.
+  static constexpr bool kFp8 = E == Elem::kFp8E4M3;
+  static constexpr int kStepK = kFp8 ? 32 : 16;
 
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int kConsumerThreads = 256;
@@ -78,7 +100,7 @@ struct FewRowsTraits {
   // Consumer c takes every block of parity c with its own online softmax; stage s holds the
   // blocks of parity s.
   static constexpr int kStages = 2;
-  static constexpr int kChunkCols = 64;  // one 128-byte swizzle atom row of 16-bit values
+  static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
   // chunks 4..8 after the second half (both released by the stage's one consumer).
@@ -90,27 +112,38 @@ struct FewRowsTraits {
   static constexpr int kConsumerRegs = 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
 
-  // Shared-memory layouts: 64-column chunks of 128-byte-swizzled rows, chunk after chunk; a TMA
-  // box of 64 columns x n rows with the 128-byte swizzle writes exactly these bytes.
-  using SmemLayoutQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
-                                                   cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
-  using SmemLayoutK = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<T>{},
-                                                   cute::Shape<cute::Int<kKeys>, cute::Int<kD>>{}));
-  // V^T (L x keys) is the K block's first 512 columns read MN-major: the same bytes.
-  using SmemLayoutV = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<T>{},
-                                                   cute::Shape<cute::Int<kL>, cute::Int<kKeys>>{},
-                                                   cute::Step<cute::_2, cute::_1>{}));
+  // Shared-memory layouts: 64-column chunks of swizzled rows (128-byte swizzle for 16-bit
+  // values, 64-byte for e4m3), chunk after chunk; a TMA box of 64 columns x n rows with the same
+  // swizzle writes exactly these bytes.
+  using KAtom = std::conditional_t<kFp8, cute::GMMA::Layout_K_SW64_Atom<T>,
+                                   cute::GMMA::Layout_K_SW128_Atom<T>>;
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
+  using SmemLayoutK =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kKeys>, cute::Int<kD>>{}));
+  // 16-bit: V^T (L x keys) is the K block's first 512 columns read MN-major: the same bytes.
+  // (e4m3: V^T goes through registers, few_rows_kernel.cuh, load_fp8_v_fragment.)
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_MN_SW128_Atom<std::conditional_t<kFp8, cute::half_t, T>>{},
+      cute::Shape<cute::Int<kL>, cute::Int<kKeys>>{}, cute::Step<cute::_2, cute::_1>{}));
   // P (rows x keys), the B operand P^T read K-major.
-  using SmemLayoutP = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<T>{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
+  using SmemLayoutP =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
+
+  // At the end stage c holds consumer c's O^T as [kRows][kMergeStride] fp32; the 4 floats of
+  // padding put the 4 column pairs of a warp's stores in different banks. A stage holds a K block
+  // or that, whichever is larger (e4m3 blocks at N = 32 are the smaller).
+  static constexpr int kMergeStride = kL + 4;
+  static constexpr int kStageBytes =
+      (cute::max(kKeys * kD * int(sizeof(T)), kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
 
   struct alignas(1024) SharedMemoryPlan {
-    alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
-    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK (V^T: SmemLayoutV)
-    alignas(1024) T p[2][kRows * kKeys];     // [consumer] P of its block, SmemLayoutP
+    alignas(1024) T q[kRows * kD];  // query tile, SmemLayoutQ (padding rows 0)
+    alignas(1024) T k[kStages][kStageBytes / sizeof(T)];  // K blocks, SmemLayoutK
+    alignas(1024) T p[2][kRows * kKeys];                  // [consumer] P of its block, SmemLayoutP
     float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
     float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
     float final_max[2][kRows];      // [consumer] running max at the end
@@ -132,10 +165,6 @@ struct FewRowsTraits {
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
-  // At the end stage c holds consumer c's O^T as [kRows][kMergeStride] fp32; the 4 floats of
-  // padding put the 4 column pairs of a warp's stores in different banks.
-  static constexpr int kMergeStride = kL + 4;
-  static_assert(kMergeStride * kRows * sizeof(float) <= sizeof(T) * kKeys * kD, "merge buffer");
 };
 
 }  // namespace mla::sm90::few_rows

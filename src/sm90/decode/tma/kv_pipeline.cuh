@@ -240,11 +240,44 @@ __device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_c
   }
 }
 
+// The same for an e4m3 stage (v_chunks chunks of `keys` rows x 64 bytes, 64-byte swizzle: a row's
+// bytes stay within it): rows from `valid` on become 0, rows [r_begin, valid) lose their NaN bytes
+// (e4m3 has no infinity; 0x7f and 0xff are its NaN).
+__device__ __forceinline__ void clean_v_rows_e4m3(uint8_t* k_bytes, int keys, int v_chunks,
+                                                  int r_begin, int valid, int tid, int nthreads) {
+  const int n = (keys - r_begin) * v_chunks * 4;
+  for (int e = tid; e < n; e += nthreads) {
+    const int piece = e & 3, rest = e >> 2;
+    const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
+    uint4* at = reinterpret_cast<uint4*>(k_bytes + chunk * keys * 64 + r * 64 + piece * 16);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid) {
+      v = *at;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+#pragma unroll
+        for (int b = 0; b < 32; b += 8) {
+          if (((w[k] >> b) & 0x7fu) == 0x7fu) w[k] &= ~(0xffu << b);
+        }
+      }
+    }
+    *at = v;
+  }
+}
+
 // Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
 __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_per_chunk) {
   const int chunk = col >> 6, c = col & 63;
   return chunk * rows_per_chunk * 128 + row * 128 + ((((c >> 3) ^ (row & 7))) << 4) +
          ((c & 7) << 1);
+}
+
+// Byte offset of byte `col` of row `row` of a [rows x 64 k] 64-byte-swizzled chunk sequence of
+// e4m3 values (GMMA's K-major 64-byte swizzle: 16-byte unit u of row r sits at u ^ ((r / 2) % 4)).
+__device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int rows_per_chunk) {
+  const int chunk = col >> 6, c = col & 63;
+  return chunk * rows_per_chunk * 64 + row * 64 + (((c >> 4) ^ ((row >> 1) & 3)) << 4) + (c & 15);
 }
 
 // The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
@@ -279,13 +312,17 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
 // load were ~125 instructions each, ~2 us of issue per segment: docs/sm90-seesaw.md, Work split).
 // `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
 // thread calls it). The caller fences and syncs.
-template <int kRows, int kThreads, typename Widen = void, typename Sync, typename InFlight>
+// kE4m3Tile: an e4m3 query kept as e4m3 for the FP8 tensor cores, into a 64-byte-swizzled chunk
+// sequence (swizzled_offset_e4m3).
+template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false, typename Sync,
+          typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
                                                      InFlight in_flight) {
+  static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
-  constexpr int kElemBytes = kFp8 ? 1 : 2;
+  constexpr int kElemBytes = kFp8 || kE4m3Tile ? 1 : 2;
   if (tid < kRows) {
     const uint4* ptr = nullptr;
     if (tid < tile_rows) {
@@ -333,7 +370,9 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
     const int e = tid + k * kThreads;
     const int r = e / kVecs, v = e - r * kVecs;
     if (kRows * kVecs % kThreads == 0 || r < kRows) {
-      if constexpr (kFp8) {
+      if constexpr (kE4m3Tile) {
+        *reinterpret_cast<uint4*>(dst + swizzled_offset_e4m3(r, v * 16, kRows)) = value[k];
+      } else if constexpr (kFp8) {
         uint4 lo, hi;
         widen_e4m3x16<Widen>(value[k], lo, hi);
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, v * 16, kRows)) = lo;

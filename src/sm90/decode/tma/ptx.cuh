@@ -234,6 +234,33 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// Two floats to e4m3 (round to nearest even, saturating to +-448; NaN stays NaN): `lo` in the low
+// byte.
+__device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
+  uint16_t y;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(y) : "f"(hi), "f"(lo));
+  return y;
+}
+
+// Bytes of {b, a} picked by `sel` (PRMT: selector nibble i names result byte i, 0..3 from a, 4..7
+// from b).
+__device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+  return __byte_perm(a, b, sel);
+}
+
+// ---- shared-memory matrix loads ----
+
+// Four 8 x 8 matrices of 16-bit elements, transposed: lane i gives the address of row i % 8 of
+// matrix i / 8 (16 bytes); register j of lane t receives elements (2 (t % 4), t / 4) and
+// (2 (t % 4) + 1, t / 4) of matrix j (row, column), the first in its low half.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1,
+                                                  uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
 // ---- register reallocation (one branch per warpgroup role) ----
 
 template <uint32_t kRegs>

@@ -28,7 +28,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap* map) {
+cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap* map,
+                               bool e4m3_swizzled) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   if (encode == nullptr) return cudaErrorNotSupported;
   // NOTE: e4m3 boxes land unswizzled (64 bytes a row) and are widened by the producer warps
@@ -52,7 +53,9 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(map, type, 3, const_cast<void*>(p.kv), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                            !fp8            ? CU_TENSOR_MAP_SWIZZLE_128B
+                            : e4m3_swizzled ? CU_TENSOR_MAP_SWIZZLE_64B
+                                            : CU_TENSOR_MAP_SWIZZLE_NONE,
                             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

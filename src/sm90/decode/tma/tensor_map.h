@@ -13,9 +13,11 @@ namespace mla::sm90::tma {
 inline constexpr int kTileRows = 64;
 
 // The 3-D tensor map (D, page_size, P) over kv_cache that the producer loads K blocks through:
-// boxes of 64 columns x min(64, page_size) rows, 128-byte swizzle (16-bit caches) or unswizzled
-// (e4m3 caches, widened in shared memory: fp8_ring.cuh). Fails (no map) where the driver
-// rejects the strides; the caller then runs the SIMT kernel.
-cudaError_t make_kv_tensor_map(const DecodeKernelParams& params, Elem kv, CUtensorMap* map);
+// boxes of 64 columns x min(64, page_size) rows, 128-byte swizzle (16-bit caches); e4m3 caches
+// unswizzled (widened in shared memory: fp8_ring.cuh) or, with `e4m3_swizzled` (the few-rows
+// kernel's FP8 tensor cores), in the 64-byte swizzle their GMMA operands read. Fails (no map)
+// where the driver rejects the strides; the caller then runs the SIMT kernel.
+cudaError_t make_kv_tensor_map(const DecodeKernelParams& params, Elem kv, CUtensorMap* map,
+                               bool e4m3_swizzled = false);
 
 }  // namespace mla::sm90::tma

@@ -1,0 +1,87 @@
+// The error model of the few-rows kernel's FP8 tensor-core route (an e4m3 query and cache, both
+// GEMMs in e4m3: docs/sm90-fp8.md, Precision), as per-row allowances against the float64 oracle.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/test_util.h"
+#include "oracle/oracle.h"
+
+namespace mla_test::fp8_mma {
+
+// The FP8 tensor cores accumulate each product sum in a narrower format than fp32 (about 13
+// fraction bits, truncated). The kernel starts every partial sum from zero on the tensor cores and
+// adds it in fp32: a score's 64 columns of one chunk (two wgmma k steps), a block's 64 keys of one
+// V column tile (two k steps). We take each such partial s = sum_k a_k b_k to come out within
+// kAccumRel * sum_k |a_k b_k| (2^-10: two steps, each within 2^-11 of the magnitude it aligns
+// to); the fp32 additions are far below it.
+constexpr double kAccumRel = 1.0 / 1024;
+// e4m3 P is taken as p' = 2^8 p (p <= 1, relative to the running max): below 2^-6, p' is
+// subnormal, with spacing 2^-9; rounding to nearest moves p by at most min(p, 2^-18).
+constexpr double kSubnormalAbs = 1.0 / (1 << 18);
+
+// Against the oracle, per row (token, head) with attended keys A:
+// - scores: s~_j = s_j + e_j, |e_j| <= E_j = |bmm1| kAccumRel sum_d |q_d| |k_jd|;
+// - lse moves by at most E = max_{j in A} E_j (lse_abs);
+// - P then moves by at most (exp(2E) - 1) p_j (fp8_ds_mla.h derives the same), and the P V
+//   partials' accumulation by kAccumRel of sum_j p~_j |v_jl|: out_rel = exp(2E) (1 + kAccumRel) -
+//   1;
+// - e4m3 P: half an ulp (2^-4 relative; the caller's p_rel, twice that) in the normal range, and
+//   min(p_j, 2^-18) in the subnormal range, with p_j = exp(s_j - max_A s): out moves by at most
+//   |bmm2| sum_j min(p_j, 2^-18) |v_jl| / Z, Z = sum_A p_j (+ the sink's term): out_abs, the
+//   largest over the row's columns, twice that and times exp(2E) for the moved scores.
+// A row with a non-finite score or value gets none (it is NaN, compared apart).
+inline RowAllowance allowance(const oracle::Input& in) {
+  const int H = in.num_heads, D = in.head_dim(), L = in.kv_lora_rank;
+  RowAllowance a;
+  const size_t rows = static_cast<size_t>(in.num_tokens()) * H;
+  a.out_rel.assign(rows, 0.0);
+  a.out_abs.assign(rows, 0.0);
+  a.lse_abs.assign(rows, 0.0);
+  for (int b = 0; b < in.batch; ++b) {
+    for (int i = 0; i < in.q_lens[b]; ++i) {
+      const int t = in.first_token(b) + i;
+      const std::vector<int64_t> slots = oracle::attended_slots(in, b, i);
+      if (slots.empty()) continue;
+      for (int h = 0; h < H; ++h) {
+        const double* q = &in.query[(static_cast<size_t>(t) * H + h) * D];
+        std::vector<double> s(slots.size());
+        double e = 0.0, m = -INFINITY;
+        bool finite = std::isfinite(in.bmm1_scale) && std::isfinite(in.bmm2_scale);
+        for (size_t j = 0; j < slots.size() && finite; ++j) {
+          const double* k = &in.kv[static_cast<size_t>(slots[j]) * D];
+          double dot = 0.0, mag = 0.0;
+          for (int d = 0; d < D; ++d) {
+            dot += q[d] * k[d];
+            mag += std::fabs(q[d]) * std::fabs(k[d]);
+          }
+          s[j] = in.bmm1_scale * dot;
+          e = std::max(e, std::fabs(in.bmm1_scale) * kAccumRel * mag);
+          finite = std::isfinite(s[j]) && std::isfinite(mag);
+          m = std::max(m, s[j]);
+        }
+        if (!finite) continue;
+        double z = in.has_sinks ? std::exp(in.sinks[h] - m) : 0.0;
+        for (double x : s) z += std::exp(x - m);
+        std::vector<double> tail(L, 0.0);  // sum_j min(p_j, 2^-18) |v_jl|
+        for (size_t j = 0; j < slots.size(); ++j) {
+          const double w = std::min(std::exp(s[j] - m), kSubnormalAbs);
+          const double* v = &in.kv[static_cast<size_t>(slots[j]) * D];
+          for (int l = 0; l < L; ++l) tail[l] += w * std::fabs(v[l]);
+        }
+        const double tail_max = *std::max_element(tail.begin(), tail.end());
+        const size_t r = static_cast<size_t>(t) * H + h;
+        const double grow = std::exp(2 * e);
+        a.lse_abs[r] = e;
+        a.out_rel[r] = grow * (1 + kAccumRel) - 1;
+        a.out_abs[r] = 2 * grow * std::fabs(in.bmm2_scale) * tail_max / z;
+      }
+    }
+  }
+  return a;
+}
+
+}  // namespace mla_test::fp8_mma
