@@ -181,11 +181,11 @@ inline Case deepseek(Case c) {
 // P), and every kernel rounds a split's partial o to the out type (params.h); each adds at most
 // its half ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is
 // not split, or on the SIMT kernel, the allowance is only an upper bound.
-// An e4m3 query and cache on the few-rows kernel's FP8 tensor cores (route.fp8_mma) round P to
+// An e4m3 query and cache on the few-rows kernel's FP8 tensor cores (route.fp8_direct) round P to
 // e4m3 and accumulate in the tensor cores' narrower format: sm90_allowance adds that route's
 // per-row terms (tests/common/fp8_mma.h).
 inline bool sm90_fp8_mma(const Built& b) {
-  return b.c.q_dtype == mla::dtype::kFloat8E4M3 && route_on_device(b.params).fp8_mma;
+  return b.c.q_dtype == mla::dtype::kFloat8E4M3 && route_on_device(b.params).fp8_direct;
 }
 inline double sm90_p_rel(const Built& b) {
   namespace dt = mla::dtype;
@@ -200,7 +200,7 @@ inline double sm90_p_rel(const Built& b) {
   }
   return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
-// The per-row allowances of the call's route beyond sm90_p_rel (none but on route.fp8_mma).
+// The per-row allowances of the call's route beyond sm90_p_rel (none but on route.fp8_direct).
 inline RowAllowance sm90_allowance(const Built& b) {
   return sm90_fp8_mma(b) ? fp8_mma::allowance(b.in) : RowAllowance{};
 }

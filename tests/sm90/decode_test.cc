@@ -1004,16 +1004,18 @@ std::vector<Case> pair_cases() {
   return cases;
 }
 
-// An e4m3 query and cache on the few-rows kernel's FP8 tensor cores (route.fp8_mma; allowances:
-// tests/common/fp8_mma.h): heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <= 32), pages 16 to 256,
-// lengths 0, 1, a block and one past, short and 16001; ragged queries, masks, sinks, scale
+// An e4m3 cache read as it lands on the few-rows kernel (route.fp8_direct): with an e4m3 query on
+// the FP8 tensor cores (allowances: tests/common/fp8_mma.h), with a bf16 query widened into
+// registers (the bf16 bound): heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <= 32), pages 16 to
+// 256, lengths 0, 1, a block and one past, short and 16001; ragged queries, masks, sinks, scale
 // tensors, skip-softmax, fp16 out without lse, strided and 4-D layouts, scores spread widely
 // enough that e4m3 P reaches its subnormal range and 0, and a mixed batch on the balanced schedule.
-std::vector<Case> fp8_mma_cases() {
+std::vector<Case> fp8_direct_cases(DataType q_dtype) {
   std::vector<Case> cases;
   auto add = [&](Case c) {
-    c.q_dtype = c.kv_dtype = kFp8;
-    c.seed = 4100 + cases.size();
+    c.q_dtype = q_dtype;
+    c.kv_dtype = kFp8;
+    c.seed = (q_dtype == kFp8 ? 4100 : 4200) + cases.size();
     cases.push_back(deepseek(c));
     return &cases.back();
   };
@@ -1027,7 +1029,7 @@ std::vector<Case> fp8_mma_cases() {
     c.q_len = q_len;
     c.page_size = page_sizes[n % 4];
     c.seq_lens = {n % 2 ? 16001 : 700, 0, q_len, 65};
-    if (n % 3 == 2) c.out_dtype = kFp16;
+    if (n % 3 == 2 && q_dtype == kFp8) c.out_dtype = kFp16;
     c.lse = n % 4 != 3;
     ++n;
     add(c);
@@ -1056,7 +1058,7 @@ std::vector<Case> fp8_mma_cases() {
   c.H = 16;
   c.q_len = 2;
   c.mask = Mask::kU16;
-  c.strided = true;
+  c.strided = q_dtype != kFp8;  // padded e4m3 query rows are not 16-byte multiples: SIMT
   add(c);
   c = Case();
   c.B = 2;
@@ -1134,17 +1136,22 @@ INSTANTIATE_TEST_SUITE_P(Features, Sm90Decode, ::testing::ValuesIn(feature_cases
 INSTANTIATE_TEST_SUITE_P(Mixed, Sm90Decode, ::testing::ValuesIn(mixed_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(TmaKernels, Sm90Decode, ::testing::ValuesIn(tma_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases()), param_name);
-INSTANTIATE_TEST_SUITE_P(Fp8Mma, Sm90Decode, ::testing::ValuesIn(fp8_mma_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8Mma, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kFp8)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8Regs, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kBf16)),
+                         param_name);
 
-// The FP8 tensor-core cases run where they are meant to.
-TEST(Sm90DecodeFp8Mma, RoutesOnTheFp8TensorCores) {
+// The e4m3-cache cases run where they are meant to.
+TEST(Sm90DecodeFp8Direct, RoutesReadTheCacheAsItLands) {
   SKIP_WITHOUT_HOPPER();
-  for (const Case& c : fp8_mma_cases()) {
+  std::vector<Case> cases = fp8_direct_cases(kFp8);
+  for (const Case& c : fp8_direct_cases(kBf16)) cases.push_back(c);
+  for (const Case& c : cases) {
     std::unique_ptr<Built> b = build(c);
     DeviceCall call(*b);
     const Route route = route_on_device(call.params);
     EXPECT_EQ(route.kernel, Kernel::kFewRows) << case_name(c);
-    EXPECT_TRUE(route.fp8_mma) << case_name(c);
+    EXPECT_TRUE(route.fp8_direct) << case_name(c);
   }
 }
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),

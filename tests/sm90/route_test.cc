@@ -155,7 +155,7 @@ std::string describe(const Route& r) {
   }
   if (r.layout.direct) s << " direct";
   if (r.few_rows > 0) s << " rows=" << r.few_rows;
-  if (r.fp8_mma) s << " fp8_mma";
+  if (r.fp8_direct) s << " fp8_direct";
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
   if (r.clean) s << " clean";
@@ -214,9 +214,9 @@ TEST(Sm90Route, Table) {
       {"fp8 cache, q_len 4: unpaired", dense(8, 128, 4).dtypes(kBf16, kFp8),
        "seesaw schedule parts=16 tiles=8 combine"},
       {"fp8 query and cache, H x q_len <= 16: the FP8 tensor cores",
-       dense(1, 16, 1).dtypes(kFp8, kFp8), "few_rows splits=64 rows=16 fp8_mma combine"},
-      {"bf16 query, fp8 cache, H x q_len <= 32: widened", dense(1, 16, 2).dtypes(kBf16, kFp8),
-       "few_rows splits=64 rows=32 combine"},
+       dense(1, 16, 1).dtypes(kFp8, kFp8), "few_rows splits=64 rows=16 fp8_direct combine"},
+      {"bf16 query, fp8 cache, H x q_len <= 32: widened in registers",
+       dense(1, 16, 2).dtypes(kBf16, kFp8), "few_rows splits=64 rows=32 fp8_direct combine"},
       {"fp8 cache, kv rows not 16-byte aligned",
        dense(4, 128, 1).dtypes(kBf16, kFp8).padded_kv_rows(8), "simt splits=9 combine"},
       // Sparse calls: the same kernels with their blocks gathered by index, one tile per token's
@@ -401,24 +401,30 @@ TEST(Sm90Route, FewRowsScheduleSwitch) {
                   "few_rows splits=1 rows=32"},
                  {"ragged", ragged({2, 1, 0}, 16), "few_rows splits=43 rows=32 combine"},
                  {"B8 fp8 cache", dense(8, 16, 1).dtypes(kFp8, kFp8),
-                  "few_rows splits=16 rows=16 fp8_mma combine"}},
+                  "few_rows splits=16 rows=16 fp8_direct combine"}},
                 sw);
   expect_routes({{"B8 fp8 cache", dense(8, 16, 1).dtypes(kFp8, kFp8),
-                  "few_rows schedule parts=132 rows=16 fp8_mma combine"},
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"},
                  {"one request: uniform splits either way", dense(1, 16, 1),
                   "few_rows splits=64 rows=16 combine"}});
 }
 
-TEST(Sm90Route, Fp8MmaSwitch) {
+TEST(Sm90Route, Fp8DirectSwitch) {
   Switches sw;
-  sw.fp8_mma = false;  // e4m3 query and cache on the few-rows kernel: widened to fp16 GEMMs
+  sw.fp8_direct = false;  // an e4m3 cache on the few-rows kernel: widened in shared memory
   expect_routes({{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
-                  "few_rows schedule parts=132 rows=32 combine"}},
+                  "few_rows schedule parts=132 rows=32 combine"},
+                 {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows schedule parts=132 rows=16 combine"}},
                 sw);
   expect_routes({{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
-                  "few_rows schedule parts=132 rows=32 fp8_mma combine"},
+                  "few_rows schedule parts=132 rows=32 fp8_direct combine"},
+                 {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"},
                  {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
-                  "few_rows splits=4 rows=16 sparse combine"}});
+                  "few_rows splits=4 rows=16 sparse combine"},
+                 {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
+                  "few_rows schedule parts=132 rows=16 combine"}});
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

@@ -283,8 +283,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.sparse = f.sparse;
     const int64_t rows = f.sparse ? p.num_heads : p.max_q_len * p.num_heads;  // per tile
     r.few_rows = rows <= 16 ? 16 : 32;
-    r.fp8_mma = !f.sparse && sw.fp8_mma && p.q_dtype == dtype::kFloat8E4M3 &&
-                p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
+    // An e4m3 cache is read by the GEMMs as it lands (e4m3 query: the FP8 tensor cores; bf16
+    // query: widened in registers), not widened in shared memory (docs/sm90-fp8.md).
+    r.fp8_direct = !f.sparse && sw.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 &&
+                   p.kv_format == KvFormat::kPlain;
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;
@@ -326,7 +328,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.layout.scheduled = r.layout.direct = false;
   r.kernel = Kernel::kSimt;
   r.few_rows = 0;
-  r.fp8_mma = false;
+  r.fp8_direct = false;
   r.tiles = 0;
   r.sparse = false;
   r.pair = r.clean = false;

@@ -62,9 +62,10 @@ struct Route {
   // one split (uniform layout), where the decode kernel writes out and lse itself.
   bool combine = false;
   int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
-  // kFewRows, dense, e4m3 query and cache: both GEMMs on the FP8 tensor cores (docs/sm90-fp8.md),
-  // over 64-byte-swizzled boxes; false: the cache is widened to fp16 in shared memory.
-  bool fp8_mma = false;
+  // kFewRows, dense, e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
+  // boxes): both on the FP8 tensor cores with an e4m3 query, bf16 GEMMs with the cache widened in
+  // registers with a bf16 query (docs/sm90-fp8.md); false: widened in shared memory.
+  bool fp8_direct = false;
   int tiles = 0;  // kSeesaw: query-row tiles of 64 per request (the grid's x); sparse: per token
   // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index
   // (tma/gather.cuh), on uniform splits.

@@ -250,11 +250,11 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
 
 // Whether the call's data addresses and kv_cache strides fit the TMA kernels: 16-byte-aligned
 // query and kv_cache, and a tensor map the driver accepts (written to `kv_map`; e4m3 boxes
-// swizzled for the FP8 tensor cores where `fp8_mma`).
-bool tma_ready(const DecodeKernelParams& k, Elem kv, CUtensorMap* kv_map, bool fp8_mma) {
+// swizzled for the FP8 tensor cores where `fp8_direct`).
+bool tma_ready(const DecodeKernelParams& k, Elem kv, CUtensorMap* kv_map, bool fp8_direct) {
   const bool aligned =
       reinterpret_cast<uintptr_t>(k.query) % 16 == 0 && reinterpret_cast<uintptr_t>(k.kv) % 16 == 0;
-  return aligned && tma::make_kv_tensor_map(k, kv, kv_map, fp8_mma) == cudaSuccess;
+  return aligned && tma::make_kv_tensor_map(k, kv, kv_map, fp8_direct) == cudaSuccess;
 }
 
 // The SIMT kernel of head dims (L, R) for the plain (query, kv_cache) element pairs.
@@ -281,7 +281,7 @@ cudaError_t launch_simt_dims(Elem q, Elem kv, const DecodeKernelParams& k, cudaS
 template <int N>
 cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
                                  const CUtensorMap& kv_map, cudaStream_t stream, bool pdl,
-                                 bool fp8_mma) {
+                                 bool fp8_direct) {
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
     return few_rows::launch_few_rows<Elem::kBf16, Elem::kBf16, N>(k, kv_map, stream, pdl);
   }
@@ -289,11 +289,12 @@ cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
     return few_rows::launch_few_rows<Elem::kFp16, Elem::kFp16, N>(k, kv_map, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
-    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl);
+    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl,
+                                                                     fp8_direct);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl,
-                                                                        fp8_mma);
+                                                                        fp8_direct);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
     return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8DsMla, N>(k, kv_map, stream, pdl);
@@ -377,8 +378,8 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
     case Kernel::kFewRows:
       if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);
       return route.few_rows == 16
-                 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route.fp8_mma)
-                 : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route.fp8_mma);
+                 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route.fp8_direct)
+                 : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route.fp8_direct);
     case Kernel::kSeesaw: {
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);
@@ -446,7 +447,7 @@ void run(const Problem& p, const DecodeParams& prm) {
   const bool gather = route.sparse || kv == Elem::kFp8DsMla;
   const bool ready = gather ? reinterpret_cast<uintptr_t>(k.query) % 16 == 0 &&
                                   reinterpret_cast<uintptr_t>(k.kv) % 16 == 0
-                            : tma_ready(k, kv, &kv_map, route.fp8_mma);
+                            : tma_ready(k, kv, &kv_map, route.fp8_direct);
   if ((route.kernel == Kernel::kFewRows || route.kernel == Kernel::kSeesaw) && !ready) {
     route = simt_fallback(route, p);
     k.num_splits = static_cast<int32_t>(route.layout.splits);

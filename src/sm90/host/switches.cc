@@ -28,7 +28,7 @@ Switches read_switches() {
   if (fixed > 0) s.schedule_fixed_blocks = std::min<int64_t>(fixed, 1 << 20);
   s.direct_split = env_string("MLA_SM90_DIRECT") != "0";
   s.few_rows_schedule = env_string("MLA_SM90_FEW_ROWS_SCHEDULE") != "0";
-  s.fp8_mma = env_string("MLA_SM90_FP8_MMA") != "0";
+  s.fp8_direct = env_string("MLA_SM90_FP8_DIRECT") != "0";
   const char* pair = std::getenv("MLA_SM90_PAIR");
   if (pair != nullptr) {
     s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;

@@ -26,9 +26,9 @@ struct Switches {
   // MLA_SM90_FEW_ROWS_SCHEDULE=0: a few-rows call of several requests runs on uniform splits, not
   // the balanced schedule.
   bool few_rows_schedule = true;
-  // MLA_SM90_FP8_MMA=0: an e4m3 query and cache on the few-rows kernel run widened to fp16 GEMMs,
-  // not on the FP8 tensor cores.
-  bool fp8_mma = true;
+  // MLA_SM90_FP8_DIRECT=0: an e4m3 cache on the few-rows kernel is widened in shared memory, not
+  // read by the GEMMs as it lands (route.h, Route::fp8_direct).
+  bool fp8_direct = true;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

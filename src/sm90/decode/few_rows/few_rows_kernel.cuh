@@ -102,10 +102,70 @@ struct SegmentState {
   float skip_threshold;  // skip-softmax: f / seq_len (sparse: / the counted entries); 0: off
 };
 
-// The GEMM element type of the few-rows kernel: e4m3 where kFp8Mma (an e4m3 query and cache of a
-// dense call on the FP8 tensor cores), else the 16-bit type of tma::Formats.
-template <Elem Q, Elem KV, bool kFp8Mma>
-inline constexpr Elem kFewRowsCompute = kFp8Mma ? Elem::kFp8E4M3 : tma::Formats<Q, KV>::kCompute;
+// The traits of the few-rows kernel for (Q, KV): with kFp8Direct (an e4m3 cache of a dense call
+// read by the GEMMs as it lands) e4m3 GEMMs for an e4m3 query, bf16 GEMMs with A from registers for
+// a bf16 one; else the 16-bit GEMMs of tma::Formats.
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
+using FewRowsTraitsOf =
+    FewRowsTraits<kFp8Direct && Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3
+                                                    : tma::Formats<Q, KV>::kCompute,
+                  kRows, kFp8Direct && Q == Elem::kBf16>;
+
+// The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for a bf16
+// S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
+// keys t / 4 and t / 4 + 8 and, per k step, the k slots 2q, 2q + 1, 2q + 8, 2q + 9 (q = t % 4).
+// A plain ldmatrix of 16-bit elements gives lane t columns 4q .. 4q + 3 of a 16-column group, so
+// slots 2q, 2q + 1 take columns 4q, 4q + 1 and slots 2q + 8, 2q + 9 columns 4q + 2, 4q + 3: the
+// query tile is stored with its columns in that order (load_query_tile_rows, kPermute16).
+// out[4 u + r]: register r of k step u.
+__device__ __forceinline__ void load_e4m3_k_fragment(uint32_t stage_addr, int c, int warp, int lane,
+                                                     uint32_t (&out)[16]) {
+  using T16 = __nv_bfloat16;
+  const int j = lane >> 3, r = lane & 7;
+  const int key = 16 * warp + 8 * (j & 1) + r;  // lane i: row i % 8 of matrix i / 8
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int u = 2 * x + (j >> 1);  // the matrix's 16-column group of the chunk
+    const uint32_t addr = stage_addr + c * 64 * 64 + key * 64 + ((u ^ ((key >> 1) & 3)) << 4);
+    uint32_t lo0, hi0, lo1, hi1;  // keys g and g + 8 of groups 2x and 2x + 1
+    tma::ldmatrix_x4(addr, lo0, hi0, lo1, hi1);
+    const uint32_t words[2][2] = {{lo0, hi0}, {lo1, hi1}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t* o = out + 4 * (2 * x + h);
+      o[0] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][0]));
+      o[1] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][1]));
+      o[2] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][0] >> 16));
+      o[3] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][1] >> 16));
+    }
+  }
+}
+
+// The V^T fragment of m tile `m` (V columns 64 m ..) for a bf16 O^T GEMM with A from registers,
+// four k steps of 16 keys, widened from the e4m3 stage: the transposed ldmatrix of
+// load_fp8_v_fragment, each register one key pair of one column (the same row relabelling,
+// fp8_o_row; the keys keep their order). out[4 u + r]: register r of k step u.
+__device__ __forceinline__ void load_e4m3_vt_fragment(uint32_t stage_addr, int m, int warp,
+                                                      int lane, uint32_t (&out)[16]) {
+  using T16 = __nv_bfloat16;
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int key = 32 * x + lane;
+    const uint32_t addr = stage_addr + m * 64 * 64 + key * 64 + ((warp ^ ((key >> 1) & 3)) << 4);
+    uint32_t x0, y0, x1, y1;  // keys 0..7, 8..15, 16..23, 24..31 of the pair of k steps
+    tma::ldmatrix_x4_trans(addr, x0, y0, x1, y1);
+    const uint32_t words[2][2] = {{x0, y0}, {x1, y1}};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t* o = out + 4 * (2 * x + h);
+      // Bytes 0 and 2: keys 2q, 2q + 1 of column 2 (t / 4); bytes 1 and 3: of column 2 (t / 4) + 1.
+      o[0] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][0], 0, 0x20)));
+      o[1] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][0], 0, 0x31)));
+      o[2] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][1], 0, 0x20)));
+      o[3] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][1], 0, 0x31)));
+    }
+  }
+}
 
 // Loads the V^T fragment of m tile `m` (V columns 64 m .. 64 m + 63, the stage's chunk m) for both
 // k steps of 32 keys of an e4m3 PV GEMM (wgmma A from registers, 8-bit layout: lane t holds rows
@@ -143,20 +203,23 @@ __device__ __forceinline__ constexpr int fp8_o_row(int l) {
 
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads; or, with
-// kFp8Mma (an e4m3 query and cache, dense calls), both stay e4m3 and both GEMMs run on the FP8
-// tensor cores (docs/sm90-fp8.md).
+// kFp8Direct (an e4m3 cache, dense calls), the cache lands as e4m3 and the GEMMs read it there:
+// with an e4m3 query (kFp8Mma) both GEMMs run on the FP8 tensor cores; with a bf16 query
+// (kFp8Regs) bf16 GEMMs take their A operands (K, V^T) widened into registers
+// (docs/sm90-fp8.md).
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
-template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Mma = false>
+template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false>
 __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  static_assert(!kFp8Mma || (F::kFp8Query && F::kFp8Cache && !kSparse),
-                "the FP8 tensor cores take a dense call's e4m3 query and cache");
-  using Traits = FewRowsTraits<kFewRowsCompute<Q, KV, kFp8Mma>, kRowsN>;
+  static_assert(!kFp8Direct || (F::kFp8Cache && !kSparse), "a dense call's e4m3 cache");
+  constexpr bool kFp8Mma = kFp8Direct && F::kFp8Query;
+  constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
+  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
@@ -174,7 +237,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // The producer warpgroup's registers: 56 where it widens or gathers; 72 where it walks the
   // segments of a dense call while it does (the consumers keep 216): with 56, the walk's state
   // spilled, and its reloads missed L1 in every block (B64 q2 H16 bf16-fp8 +23%).
-  constexpr bool kWiden = F::kFp8Cache && !kFp8Mma;  // the producer widens the cache
+  constexpr bool kWiden = F::kFp8Cache && !kFp8Direct;  // the producer widens the cache
   constexpr bool kWideProducer = kWiden || kGather;
   using Split = tma::RegisterSplit<Traits, kWideProducer>;
   constexpr bool kRoomy = kWideProducer && !kSparse;
@@ -185,7 +248,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
-    tma::init_ring_barriers<Traits, false, kWiden, kFp8Mma>(smem, issuers);
+    tma::init_ring_barriers<Traits, false, kWiden, kFp8Direct>(smem, issuers);
   }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
@@ -263,6 +326,19 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   Tensor tSrT1 = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
   Tensor tOrT0 = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
   Tensor tOrT1 = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+  // kFp8Regs: the widened K fragments of a chunk (double-buffered) and V^T fragments of an m tile.
+  auto regs_a = [&](auto& mma) {  // (MMA, 1, 4) bf16 registers
+    if constexpr (kFp8Regs) {
+      return mma.get_thread_slice(wtid).partition_fragment_A(
+          make_tensor(make_smem_ptr(smem.q), Layout<Shape<Int<64>, Int<64>>>{}));
+    } else {
+      return 0;
+    }
+  };
+  auto tSrA0 = regs_a(mma_qk);
+  auto tSrA1 = regs_a(mma_qk);
+  auto tOrA0 = regs_a(mma_pv);
+  auto tOrA1 = regs_a(mma_pv);
   auto tOrA = [&] {  // (MMA, 1, 2) e4m3 registers
     if constexpr (kFp8Mma) {
       return thr_pv.partition_fragment_A(
@@ -283,11 +359,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
-  // One arrive per consumer warp on one of the stage's empty barriers; kFp8Mma: one per thread,
+  // One arrive per consumer warp on one of the stage's empty barriers; kFp8Direct: one per thread,
   // which is not a divergent path (the releases come while the P V GEMMs run, and a divergent
   // arrive there made ptxas serialize them).
   auto release = [&](uint64_t* bar) {
-    if constexpr (kFp8Mma) {
+    if constexpr (kFp8Direct) {
       mbar_arrive(bar);
     } else {
       __syncwarp();
@@ -328,8 +404,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // both consumers passed its final barrier.
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
-                                std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>,
-                                kFp8Mma>(
+                                std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
+                                kFp8Regs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -423,6 +499,36 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           }
           warpgroup_wait<0>();
           add(tSrT0, false);
+        } else if constexpr (kFp8Regs) {
+          // Chunk c's k steps issued as it lands, its K widened into the registers of A buffer
+          // c % 2; chunk c - 2's GEMMs (the buffer's previous reader) are waited for first.
+          const uint32_t stage_addr = tma::smem_addr(k_stage);
+          auto issue = [&](int c, auto& a) {
+            if (c >= 2) warpgroup_wait<1>();
+            mbar_wait(&smem.full[cw][c], phase);
+            uint32_t words[16];
+            load_e4m3_k_fragment(stage_addr, c, warp, lane, words);
+            Tensor aw = recast<uint32_t>(a);
+            CUTE_UNROLL
+            for (int i = 0; i < 16; ++i) aw(i) = words[i];
+            warpgroup_fence_operand(tSrS);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int u = 0; u < 4; ++u) {
+              mma_qk.accumulate_ = c == 0 && u == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), tSrS);
+            }
+            warpgroup_commit_batch();
+          };
+          static_assert(Traits::kChunks == 9, "chunks issued in pairs after the first");
+          issue(0, tSrA0);
+          CUTE_UNROLL
+          for (int c = 1; c < Traits::kChunks; c += 2) {
+            issue(c, tSrA1);
+            issue(c + 1, tSrA0);
+          }
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
         } else {
           tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
         }
@@ -571,7 +677,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         const int valid = min(kKeys, seg.w.extent - key0);
         // From the first key some row of the tile does not attend (tile_limit).
         const int clean0 = min(valid, max(0, seg.tile_limit - key0));
-        if (kFp8Mma && clean0 < kKeys) {
+        if (kFp8Direct && clean0 < kKeys) {
           tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
                                  kL / Traits::kChunkCols, clean0, valid, wtid, 128);
         } else if (!kSparse && clean0 < kKeys) {
@@ -631,6 +737,36 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           }
           add(m, tOrT1);
         }
+      } else if constexpr (kFp8Regs) {
+        // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T per m tile, V^T widened into the
+        // registers of A buffer m % 2 (m tile m - 2's GEMMs waited for first); the stage's halves
+        // go back once their fragments are built (as on the FP8 tensor cores above). ----
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
+        const uint32_t stage_addr = tma::smem_addr(k_stage);
+        warpgroup_fence_operand(tOrO);
+        auto issue = [&](int m, auto& a) {
+          if (m >= 2) warpgroup_wait<1>();
+          uint32_t words[16];
+          load_e4m3_vt_fragment(stage_addr, m, warp, lane, words);
+          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[cw]);
+          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[cw]);
+          Tensor aw = recast<uint32_t>(a);
+          CUTE_UNROLL
+          for (int i = 0; i < 16; ++i) aw(i) = words[i];
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) cute::gemm(mma_pv, a(_, 0, k), tOrP(_, 0, k), tOrO(_, m, 0));
+          warpgroup_commit_batch();
+        };
+        static_assert(kL / 64 == 8, "tiles issued in pairs");
+        CUTE_UNROLL
+        for (int m = 0; m < kL / 64; m += 2) {
+          issue(m, tOrA0);
+          issue(m + 1, tOrA1);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
       } else {
         // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T, chunks 0..3 and 4..7 as two batches
         // ----
@@ -714,7 +850,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       float* own = reinterpret_cast<float*>(smem.k[cw]);
       CUTE_UNROLL
       for (int v = 0; v < size(tOrO); ++v) {
-        const int l = kFp8Mma ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
+        const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
         own[get<1>(tOcO(v)) * kStride + l] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
       }
     }
@@ -785,12 +921,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }  // segments
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Mma>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
 cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                                cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraits<kFewRowsCompute<Q, KV, kFp8Mma>, kRows>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Mma>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Direct>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // The balanced schedule: one CTA per part (FewRowsCursor).
@@ -801,11 +937,11 @@ cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorM
 
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl, bool fp8_mma) {
-  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
-    if (fp8_mma) return launch_few_rows_as<Q, KV, kRows, true>(params, kv_map, stream, pdl);
+                            cudaStream_t stream, bool pdl, bool fp8_direct) {
+  if constexpr (KV == Elem::kFp8E4M3) {
+    if (fp8_direct) return launch_few_rows_as<Q, KV, kRows, true>(params, kv_map, stream, pdl);
   }
-  if (fp8_mma) return cudaErrorInvalidValue;  // the route asks it of e4m3 pairs only
+  if (fp8_direct) return cudaErrorInvalidValue;  // the route asks it of e4m3 caches only
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 

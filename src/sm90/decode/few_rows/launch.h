@@ -16,12 +16,13 @@ inline constexpr int kMaxRows = 32;
 // workspace layouts and kv_cache tensor map), for calls whose requests have at most kRows = 16 or
 // 32 query rows: on the balanced schedule where params.sched_requests is set (grid (1,
 // num_parts)), else in the uniform layout (grid (1, B, num_splits)); one explicit instantiation
-// per (query, kv_cache) pair of tma::Formats and kRows. fp8_mma (an e4m3 query and cache only):
-// both GEMMs on the FP8 tensor cores, over a kv_map of 64-byte-swizzled boxes
-// (tma::make_kv_tensor_map's e4m3_swizzled); else an e4m3 cache is widened to 16 bits.
+// per (query, kv_cache) pair of tma::Formats and kRows. fp8_direct (an e4m3 cache only): the GEMMs
+// read the e4m3 blocks as they land, over a kv_map of 64-byte-swizzled boxes
+// (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, bf16
+// GEMMs fed from registers with a bf16 query; else an e4m3 cache is widened in shared memory.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl, bool fp8_mma = false);
+                            cudaStream_t stream, bool pdl, bool fp8_direct = false);
 
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout.

@@ -70,6 +70,19 @@ struct GmmaOps<Elem::kFp8E4M3, 32> {
   using PvAtom = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
 };
 
+// A bf16 query over an e4m3 cache read as it lands: bf16 GEMMs with their A operands (the K block
+// for S^T, V^T for O^T) widened from the e4m3 stage into registers (the RS form); B from shared
+// memory (the query tile, P).
+template <int kRows>
+struct GmmaOpsRegs {
+  using Type = cute::bfloat16_t;
+  using QkAtom = std::conditional_t<
+      kRows == 16,
+      cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
+      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
+  using PvAtom = QkAtom;
+};
+
 // Named barriers (id 0 is __syncthreads). Per-consumer barriers are `first + consumer index`.
 enum class NamedBarrier : uint32_t {
   kConsumers = 1,  // both consumer warpgroups (256 threads)
@@ -82,14 +95,19 @@ enum class NamedBarrier : uint32_t {
   kWiden = 8,  // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
 };
 
-template <Elem E, int kRowsN>
+// E: the GEMMs' element type. kRegsA (E bf16): the stages hold an e4m3 cache that the GEMMs take
+// from registers (GmmaOpsRegs).
+template <Elem E, int kRowsN, bool kRegsA = false>
 struct FewRowsTraits {
-  using Ops = GmmaOps<E, kRowsN>;
+  static_assert(!kRegsA || E == Elem::kBf16, "registers widen e4m3 to bf16");
+  using Ops = std::conditional_t<kRegsA, GmmaOpsRegs<kRowsN>, GmmaOps<E, kRowsN>>;
   using T = typename Ops::Type;
   // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
   // 32; 16-bit operands: 128-byte rows (128-byte swizzle), k steps of 16.
   static constexpr bool kFp8 = E == Elem::kFp8E4M3;
   static constexpr int kStepK = kFp8 ? 32 : 16;
+  // Bytes of one cache value in a stage: e4m3 blocks land as they are (kFp8, kRegsA).
+  static constexpr int kStageElemBytes = kFp8 || kRegsA ? 1 : 2;
 
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int kConsumerThreads = 256;
@@ -135,7 +153,7 @@ struct FewRowsTraits {
   // or that, whichever is larger (e4m3 blocks at N = 32 are the smaller).
   static constexpr int kMergeStride = kL + 4;
   static constexpr int kStageBytes =
-      (cute::max(kKeys * kD * int(sizeof(T)), kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
+      (cute::max(kKeys * kD * kStageElemBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));

@@ -69,6 +69,7 @@ struct SeesawTraits {
   static constexpr int kStages = 2;
   static constexpr int kColsPerWg = kL / 2;  // consumer c owns O[:, 256c : 256c + 256]
   static constexpr int kChunkCols = 64;      // one 128-byte swizzle atom row of 16-bit values
+  static constexpr int kStageElemBytes = 2;  // bytes of one cache value in a stage
   static constexpr int kChunks = kD / kChunkCols;
   // Element offset of a stage's rope chunk (columns 512..575): the block's P once its S is done.
   static constexpr int kRopeChunkOffset = (kL / kChunkCols) * kKeys * kChunkCols;

@@ -132,7 +132,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   const int page_rows = min(kKeys, p.page_size);  // rows per box
   const int page_shift = p.page_shift;
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
-  const uint32_t box_bytes = page_rows * Traits::kChunkCols * sizeof(typename Traits::T);
+  const uint32_t box_bytes = page_rows * Traits::kChunkCols * Traits::kStageElemBytes;
   const int piece_key = piece * page_rows;  // the piece's first key within a block
 
   // Whether the block has this piece (it starts before the extent), and then its page id; a
@@ -159,7 +159,8 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
       uint64_t* bar = &smem.full[stage][c];
       mbar_arrive_expect_tx(bar, cur_has ? box_bytes : 0u);
       if (cur_has) {
-        typename Traits::T* dst = smem.k[stage] + (c * kKeys + piece_key) * Traits::kChunkCols;
+        uint8_t* dst = reinterpret_cast<uint8_t*>(smem.k[stage]) +
+                       (c * kKeys + piece_key) * Traits::kChunkCols * Traits::kStageElemBytes;
         const int32_t col = p.chunk_box[c];  // a chunk the rows lack lands as zeros
         if constexpr (kPair) {
           if (static_cast<uint32_t>(c & 1) == rank) {

@@ -314,13 +314,17 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
 // thread calls it). The caller fences and syncs.
 // kE4m3Tile: an e4m3 query kept as e4m3 for the FP8 tensor cores, into a 64-byte-swizzled chunk
 // sequence (swizzled_offset_e4m3).
-template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false, typename Sync,
-          typename InFlight>
+// kPermute16: a 16-bit query whose columns are stored in the k-slot order of the few-rows kernel's
+// K fragments from registers (few_rows_kernel.cuh, load_e4m3_k_fragment): in each group of 16
+// columns, the 4-byte words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
+template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
+          bool kPermute16 = false, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
                                                      InFlight in_flight) {
   static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
+  static_assert(!kPermute16 || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
   constexpr int kElemBytes = kFp8 || kE4m3Tile ? 1 : 2;
   if (tid < kRows) {
@@ -335,6 +339,46 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
     row_ptr[tid] = ptr;
   }
   sync();
+  if constexpr (kPermute16) {
+    // Units of two vectors (16 columns); the head-dims mapping per vector as below.
+    constexpr int kUnits = 576 / 16;
+    constexpr int kPerThreadU = (kRows * kUnits + kThreads - 1) / kThreads;
+    uint4 value[kPerThreadU][2];
+    const int latent_vecs = p.kv_lora_rank * 2 / 16;
+    const int rope_vec0 = p.rope_dim > 0 ? latent_vecs : -72;
+    const bool plain = p.kv_lora_rank == 512 && p.rope_dim == 64;
+    auto row_vec = [&](int v) {
+      return plain ? v : v < 64 ? (v < latent_vecs ? v : -1) : rope_vec0 + (v - 64);
+    };
+#pragma unroll
+    for (int k = 0; k < kPerThreadU; ++k) {
+      const int e = tid + k * kThreads;
+      const int r = e / kUnits, g = e - r * kUnits;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        value[k][h] = make_uint4(0, 0, 0, 0);
+        if (kRows * kUnits % kThreads == 0 || r < kRows) {
+          const uint4* src = row_ptr[r];
+          const int u = row_vec(2 * g + h);
+          if (src != nullptr && u >= 0) value[k][h] = __ldg(src + u);
+        }
+      }
+    }
+    in_flight();
+#pragma unroll
+    for (int k = 0; k < kPerThreadU; ++k) {
+      const int e = tid + k * kThreads;
+      const int r = e / kUnits, g = e - r * kUnits;
+      if (kRows * kUnits % kThreads == 0 || r < kRows) {
+        const uint4 a = value[k][0], b = value[k][1];
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g, kRows)) =
+            make_uint4(a.x, a.z, b.x, b.z);
+        *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g + 8, kRows)) =
+            make_uint4(a.y, a.w, b.y, b.w);
+      }
+    }
+    return;
+  }
   constexpr int kVecs = 576 * kElemBytes / 16;  // per row of the tile
   constexpr int kLatentVecs = 512 * kElemBytes / 16;
   constexpr int kPerThread = (kRows * kVecs + kThreads - 1) / kThreads;

@@ -250,6 +250,17 @@ __device__ __forceinline__ uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 
 // ---- shared-memory matrix loads ----
 
+// Four 8 x 8 matrices of 16-bit elements: lane i gives the address of row i % 8 of matrix i / 8
+// (16 bytes); register j of lane t receives elements 2 (t % 4) and 2 (t % 4) + 1 of row t / 4 of
+// matrix j, the first in its low half.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                            uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
 // Four 8 x 8 matrices of 16-bit elements, transposed: lane i gives the address of row i % 8 of
 // matrix i / 8 (16 bytes); register j of lane t receives elements (2 (t % 4), t / 4) and
 // (2 (t % 4) + 1, t / 4) of matrix j (row, column), the first in its low half.
