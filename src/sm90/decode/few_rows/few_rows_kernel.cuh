@@ -224,6 +224,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
   constexpr int kCols = Traits::kColsPerThread;
+  constexpr int kStages = Traits::kStages;
 
   extern __shared__ uint8_t smem_raw[];
   Plan& smem = shared_plan<Plan>(smem_raw);
@@ -294,10 +295,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     const int piece = threadIdx.x / 32;
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
-      tma::walk_segments<Cursor>(p, used0, used1,
-                                 [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-                                   tma::produce_chunks<Traits>(p, w, &kv_map, smem, piece, u0, u1);
-                                 });
+      tma::walk_segments<Cursor, Traits::kStages>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::produce_chunks<Traits>(p, w, &kv_map, smem, piece, u0, u1);
+          });
     }
     return;
   }
@@ -457,9 +458,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     for (int it = cw; it < num_blocks; it += 2) {
       const int round = it / 2;
       const int par = round & 1;
-      const uint32_t phase = (used + round) & 1;
+      // Stage of the block and its phase: 16-bit rings, stage cw (used: its blocks so far); e4m3
+      // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1).
+      const int stage = kStages == 2 ? cw : cw + 2 * (round & 1);
+      const uint32_t phase =
+          kStages == 2 ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
       const int key0 = (seg.w.block_begin + it) * kKeys;
-      T* k_stage = smem.k[cw];
+      T* k_stage = smem.k[stage];
 
       // ---- qk_gemm: S^T = K Q^T over the whole block, each 64-column chunk issued as it lands
       // ----
@@ -472,7 +477,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // Precision). The next chunk's k steps are issued before the previous chunk's sum is
           // added.
           auto issue = [&](int c, auto& t) {
-            mbar_wait(&smem.full[cw][c], phase);
+            mbar_wait(&smem.full[stage][c], phase);
             warpgroup_fence_operand(t);
             warpgroup_arrive();
             mma_qk.accumulate_ = GMMA::ScaleOut::Zero;
@@ -505,7 +510,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           const uint32_t stage_addr = tma::smem_addr(k_stage);
           auto issue = [&](int c, auto& a) {
             if (c >= 2) warpgroup_wait<1>();
-            mbar_wait(&smem.full[cw][c], phase);
+            mbar_wait(&smem.full[stage][c], phase);
             uint32_t words[16];
             load_e4m3_k_fragment(stage_addr, c, warp, lane, words);
             Tensor aw = recast<uint32_t>(a);
@@ -530,7 +535,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
         } else {
-          tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[cw], phase);
+          tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[stage], phase);
         }
       }
 
@@ -540,9 +545,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
       uint64_t absent = 0;  // bit k: key key0 + k is -1
       if constexpr (kSparse) {
-        absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
+        absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[stage][lane + 32] < 0))
                   << 32) |
-                 __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+                 __ballot_sync(0xffffffffu, smem.slot[stage][lane] < 0);
       }
       const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
                             key0 + kKeys <= min_limit && absent == 0;
@@ -700,8 +705,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         uint32_t frag[2][2][4];  // [tile parity][k step][register]
         auto issue = [&](int m, auto& t) {
           load_fp8_v_fragment(stage_addr, m, warp, lane, frag[m & 1]);
-          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[cw]);
-          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[cw]);
+          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[stage]);
+          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[stage]);
           warpgroup_fence_operand(t);
           warpgroup_arrive();
           mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
@@ -749,8 +754,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           if (m >= 2) warpgroup_wait<1>();
           uint32_t words[16];
           load_e4m3_vt_fragment(stage_addr, m, warp, lane, words);
-          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[cw]);
-          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[cw]);
+          if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[stage]);
+          if (!keep && m == kL / 64 - 1) release(&smem.empty_r[stage]);
           Tensor aw = recast<uint32_t>(a);
           CUTE_UNROLL
           for (int i = 0; i < 16; ++i) aw(i) = words[i];
@@ -790,10 +795,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         // consumer's last block of the segment keeps its stage: the segment's end merges through
         // it and releases it afterwards.
         warpgroup_wait<1>();
-        if (!keep) release(&smem.empty_l[cw]);
+        if (!keep) release(&smem.empty_l[stage]);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        if (!keep) release(&smem.empty_r[cw]);
+        if (!keep) release(&smem.empty_r[stage]);
       }
     }
 
@@ -814,7 +819,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       if (warp == 0 && lane < 4) smem.final_max[cw][my_col(s)] = col_max[s];
     }
     // Consumer c holds the stage of its last block (kept above) where it had one: a segment of one
-    // block leaves consumer 1 none, and stage 1 may then already hold the next segment's block.
+    // block leaves consumer 1 none, and its stages may then already hold the next segment's
+    // blocks.
     const bool has_second = num_blocks >= 2;
     // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum
     // stores above before every read below, and the barrier after the last reads orders those
@@ -838,86 +844,110 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
       l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
     };
-    // Stage cw holds factor x O^T of consumer cw as [row][kL + 4] floats (conflict-free stores).
+    // The stage of consumer c's last block of the segment (it kept it).
+    auto kept_stage = [&](int c) {
+      const int rounds = (num_blocks + 1 - c) / 2;
+      return kStages == 2 ? c : c + 2 * ((rounds - 1) & 1);
+    };
+    const int own_stage = kept_stage(cw);
+    // Consumer c's kept stage holds factor x O^T as [row][kMergeStride] floats (conflict-free
+    // stores), kMergeCols columns per pass.
     constexpr int kStride = Traits::kMergeStride;
-    if (cw == 0 || has_second) {
-      float factor[kCols];  // exp2(own max - merged max)
+    constexpr int kPassCols = Traits::kMergeCols;
+    constexpr int kTilesPerPass = kPassCols / 64;  // O^T m tiles (64 columns each) per pass
+    float factor[kCols];                           // exp2(own max - merged max)
 #pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
-        factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
-      }
-      float* own = reinterpret_cast<float*>(smem.k[cw]);
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) {
-        const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
-        own[get<1>(tOcO(v)) * kStride + l] = factor[col_slot(v % (kRows / 2))] * tOrO(v);
-      }
+    for (int s = 0; s < kCols; ++s) {
+      const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
+      factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
     }
-    // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out or
-    // partial_o) and what its O is multiplied by.
     const int tile_rows_end = seg.tile_rows;
     const bool whole = seg.w.whole;
-    if (ctid < tile_rows_end) {
-      const int64_t row0 = seg.partial_row0;  // the segment's first partial row
-      float m_nat, l;
-      row_total(ctid, m_nat, l);
-      if (whole) {
-        // The request's only segment: the combine's normalization (output.cuh) here.
-        const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
-        smem.out_row[ctid] = target.offset;
-        smem.out_scale[ctid] = target.scale;
-      } else {
-        // A partial: max, sum and o = bmm2 O / sum (params.h).
-        p.partial_max[row0 + ctid] = m_nat;
-        p.partial_sum[row0 + ctid] = l;
-        smem.out_row[ctid] = (row0 + ctid) * kL;
-        smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
-      }
-    }
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    const float* first = reinterpret_cast<const float*>(smem.k[0]);
-    const float* second = reinterpret_cast<const float*>(smem.k[1]);
+    const float* first = reinterpret_cast<const float*>(smem.k[kept_stage(0)]);
+    const float* second = reinterpret_cast<const float*>(smem.k[has_second ? kept_stage(1) : 0]);
     // Partial rows are 512 wide whatever L is (route.h); out rows L.
     const int cols = whole ? p.kv_lora_rank : kL;
-    for (int e = ctid; e < tile_rows_end * (kL / 8); e += Traits::kConsumerThreads) {
-      const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
-      const int64_t o = smem.out_row[c];
-      if (o < 0 || d >= cols) continue;
-      const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
-      float v[8];
-#pragma unroll
-      for (int k = 0; k < 8; k += 4) {
-        float4 a = *reinterpret_cast<const float4*>(first + c * kStride + d + k);
-        if (has_second) {
-          const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + d + k);
-          a.x += b.x;
-          a.y += b.y;
-          a.z += b.z;
-          a.w += b.w;
+    CUTE_UNROLL
+    for (int pass = 0; pass < Traits::kMergePasses; ++pass) {
+      // NOTE: the previous pass's reads of the stages end at the barrier at the end of this loop.
+      if (cw == 0 || has_second) {
+        float* own = reinterpret_cast<float*>(smem.k[own_stage]);
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) {
+          if (v / (kRows / 2) / kTilesPerPass != pass) continue;  // its m tile
+          const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
+          own[get<1>(tOcO(v)) * kStride + l - pass * kPassCols] =
+              factor[col_slot(v % (kRows / 2))] * tOrO(v);
         }
-        v[k + 0] = f != 0.0f ? a.x * f : 0.0f;
-        v[k + 1] = f != 0.0f ? a.y * f : 0.0f;
-        v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
-        v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
       }
-      const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
-                                     pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
-      if (whole) {
-        store_out8(p, o + d, words);
-      } else {
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
+      if (pass == 0) {
+        // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out
+        // or partial_o) and what its O is multiplied by.
+        if (ctid < tile_rows_end) {
+          const int64_t row0 = seg.partial_row0;  // the segment's first partial row
+          float m_nat, l;
+          row_total(ctid, m_nat, l);
+          if (whole) {
+            // The request's only segment: the combine's normalization (output.cuh) here.
+            const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
+            smem.out_row[ctid] = target.offset;
+            smem.out_scale[ctid] = target.scale;
+          } else {
+            // A partial: max, sum and o = bmm2 O / sum (params.h).
+            p.partial_max[row0 + ctid] = m_nat;
+            p.partial_sum[row0 + ctid] = l;
+            smem.out_row[ctid] = (row0 + ctid) * kL;
+            smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
+          }
+        }
       }
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      for (int e = ctid; e < tile_rows_end * (kPassCols / 8); e += Traits::kConsumerThreads) {
+        const int c = e / (kPassCols / 8), dp = (e - c * (kPassCols / 8)) * 8;
+        const int d = pass * kPassCols + dp;
+        const int64_t o = smem.out_row[c];
+        if (o < 0 || d >= cols) continue;
+        const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k += 4) {
+          float4 a = *reinterpret_cast<const float4*>(first + c * kStride + dp + k);
+          if (has_second) {
+            const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + dp + k);
+            a.x += b.x;
+            a.y += b.y;
+            a.z += b.z;
+            a.w += b.w;
+          }
+          v[k + 0] = f != 0.0f ? a.x * f : 0.0f;
+          v[k + 1] = f != 0.0f ? a.y * f : 0.0f;
+          v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
+          v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
+        }
+        const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                                       pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
+        if (whole) {
+          store_out8(p, o + d, words);
+        } else {
+          *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
+        }
+      }
+      // Every thread's reads of both stages (and, after the last pass, of out_row, out_scale, sum
+      // and final_max) are done: the next pass may overwrite them, and after the last pass the
+      // kept stages go back to the producer, which may already wait for them with the next
+      // segment's first blocks.
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
-    // Every thread's reads of both stages (and of out_row, out_scale, sum and final_max) are done:
-    // the kept stages go back to the producer, which may already wait for them with the next
-    // segment's first blocks.
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     if (cw == 0 || has_second) {
-      release(&smem.empty_l[cw]);
-      release(&smem.empty_r[cw]);
+      release(&smem.empty_l[own_stage]);
+      release(&smem.empty_r[own_stage]);
     }
-    used += (num_blocks + 1 - cw) / 2;
+    if constexpr (kStages == 2) {
+      used += (num_blocks + 1 - cw) / 2;
+    } else {
+      const uint32_t rounds = (num_blocks + 1 - cw) / 2;  // on stages cw and cw + 2 by parity
+      used ^= (((rounds + 1) / 2) & 1) | (((rounds / 2) & 1) << 1);
+    }
   }  // segments
 }
 

@@ -115,9 +115,12 @@ struct FewRowsTraits {
   static constexpr int kKeys = 64;      // keys per block (one pipeline stage, GEMM M of S^T)
   static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
   static constexpr int kL = 512;        // value width
-  // Consumer c takes every block of parity c with its own online softmax; stage s holds the
-  // blocks of parity s.
-  static constexpr int kStages = 2;
+  // Consumer c takes every block of parity c with its own online softmax: stage s holds the
+  // blocks of parity s. kRegsA (36 KB e4m3 stages, consumers busy widening): four stages, consumer
+  // c's blocks alternating between stages c and c + 2, so that each consumer has a block landing
+  // while it widens another (B128 H16 -2.5%; the e4m3 GEMMs lost 3 to 10% with four:
+  // docs/perf-notes.md).
+  static constexpr int kStages = kRegsA ? 4 : 2;
   static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
@@ -148,10 +151,13 @@ struct FewRowsTraits {
   using SmemLayoutP =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
 
-  // At the end stage c holds consumer c's O^T as [kRows][kMergeStride] fp32; the 4 floats of
-  // padding put the 4 column pairs of a warp's stores in different banks. A stage holds a K block
-  // or that, whichever is larger (e4m3 blocks at N = 32 are the smaller).
-  static constexpr int kMergeStride = kL + 4;
+  // At a segment's end the stage of consumer c's last block holds its O^T as [kRows][kMergeStride]
+  // fp32, in kMergePasses passes of kMergeCols columns (two where [32][516] floats do not fit an
+  // e4m3 stage); the 4 floats of padding put the 4 column pairs of a warp's stores in different
+  // banks. A stage holds a K block or that, whichever is larger.
+  static constexpr int kMergePasses = kStages == 4 && kRows == 32 ? 2 : 1;
+  static constexpr int kMergeCols = kL / kMergePasses;
+  static constexpr int kMergeStride = kMergeCols + 4;
   static constexpr int kStageBytes =
       (cute::max(kKeys * kD * kStageElemBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
 

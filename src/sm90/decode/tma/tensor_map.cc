@@ -51,12 +51,16 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
   const CUtensorMapDataType type = fp8                 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : kv == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // NOTE: e4m3 boxes for the GEMMs (64 bytes of each row) with 128-byte promotion: their chunk
+  // pairs fill whole lines (B128 q1 H16 fp8 -2.6%, B64 q2 varlen -1.7% on an H100).
+  const CUtensorMapL2promotion promotion =
+      fp8 && e4m3_swizzled ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   const CUresult r = encode(map, type, 3, const_cast<void*>(p.kv), dims, strides, box, elem_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE,
                             !fp8            ? CU_TENSOR_MAP_SWIZZLE_128B
                             : e4m3_swizzled ? CU_TENSOR_MAP_SWIZZLE_64B
                                             : CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
