@@ -181,18 +181,23 @@ inline Case deepseek(Case c) {
 // P), and every kernel rounds a split's partial o to the out type (params.h); each adds at most
 // its half ulp times ref_abs, and p_rounding_rel allows twice that per rounding. For a row that is
 // not split, or on the SIMT kernel, the allowance is only an upper bound.
-// An e4m3 query and cache on the few-rows kernel's FP8 tensor cores (route.fp8_direct) round P to
-// e4m3 and accumulate in the tensor cores' narrower format: sm90_allowance adds that route's
-// per-row terms (tests/common/fp8_mma.h).
+// An e4m3 cache read as it lands on the few-rows kernel (route.fp8_direct): with an e4m3 query on
+// the FP8 tensor cores, which round P to e4m3 and accumulate in a narrower format; with a bf16
+// query in fp16 GEMMs over the query scaled into fp16's range, P in fp16. sm90_allowance adds
+// those routes' per-row terms (tests/common/fp8_mma.h).
+inline bool sm90_fp8_direct(const Built& b) {
+  return b.c.kv_dtype == mla::dtype::kFloat8E4M3 && route_on_device(b.params).fp8_direct;
+}
 inline bool sm90_fp8_mma(const Built& b) {
-  return b.c.q_dtype == mla::dtype::kFloat8E4M3 && route_on_device(b.params).fp8_direct;
+  return b.c.q_dtype == mla::dtype::kFloat8E4M3 && sm90_fp8_direct(b);
 }
 inline double sm90_p_rel(const Built& b) {
   namespace dt = mla::dtype;
   mla::DataType p_dtype = b.c.kv_dtype;
   if (b.c.kv_dtype == dt::kFloat8E4M3) {
-    p_dtype = b.c.q_dtype == dt::kBFloat16 ? dt::kBFloat16
-              : sm90_fp8_mma(b)            ? dt::kFloat8E4M3
+    const bool direct = sm90_fp8_direct(b);
+    p_dtype = b.c.q_dtype == dt::kBFloat16 ? (direct ? dt::kFloat16 : dt::kBFloat16)
+              : direct                     ? dt::kFloat8E4M3
                                            : dt::kFloat16;
   }
   if (p_dtype != dt::kBFloat16 && p_dtype != dt::kFloat16 && p_dtype != dt::kFloat8E4M3) {
@@ -202,7 +207,9 @@ inline double sm90_p_rel(const Built& b) {
 }
 // The per-row allowances of the call's route beyond sm90_p_rel (none but on route.fp8_direct).
 inline RowAllowance sm90_allowance(const Built& b) {
-  return sm90_fp8_mma(b) ? fp8_mma::allowance(b.in) : RowAllowance{};
+  if (!sm90_fp8_direct(b)) return RowAllowance{};
+  return b.c.q_dtype == mla::dtype::kFloat8E4M3 ? fp8_mma::allowance(b.in)
+                                                : fp8_mma::scaled_query_allowance(b.in);
 }
 inline void check_sm90(const Built& b) {
   const RowAllowance extra = sm90_allowance(b);

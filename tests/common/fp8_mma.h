@@ -1,5 +1,6 @@
-// The error model of the few-rows kernel's FP8 tensor-core route (an e4m3 query and cache, both
-// GEMMs in e4m3: docs/sm90-fp8.md, Precision), as per-row allowances against the float64 oracle.
+// The error models of the few-rows kernel's routes over an e4m3 cache read as it lands
+// (docs/sm90-fp8.md, Precision): the FP8 tensor cores (an e4m3 query), and fp16 GEMMs over a
+// scaled bf16 query; per-row allowances against the float64 oracle.
 #pragma once
 
 #include <algorithm>
@@ -78,6 +79,47 @@ inline RowAllowance allowance(const oracle::Input& in) {
         a.lse_abs[r] = e;
         a.out_rel[r] = grow * (1 + kAccumRel) - 1;
         a.out_abs[r] = 2 * grow * std::fabs(in.bmm2_scale) * tail_max / z;
+      }
+    }
+  }
+  return a;
+}
+
+// A bf16 query over an e4m3 cache read as it lands (route.fp8_direct with a bf16 query): the
+// GEMMs run in fp16, each query row scaled by the power of two 2^s that puts its largest |value|
+// M in [2^14, 2^15) (tma::load_query_tile_rows, kPermute16). A bf16 value is exact in fp16 from
+// 2^-17 of that range down (fp16's subnormal spacing, 2^-24, is 2^(e - 38) in the row's own
+// units, e = floor(log2 M)); below, rounding moves a value by at most 2^(e - 39), and a row whose
+// M is below 2^-126 is taken as zeros. So a score moves by at most
+// E = |bmm1| delta max_j sum_d |k_jd| (delta = 2^(e - 39), or M for the zeroed rows): lse_abs = E
+// and out_rel = exp(2E) - 1, as in allowance(); P is rounded to fp16 (the caller's p_rel), the
+// products and sums are exact or fp32.
+inline RowAllowance scaled_query_allowance(const oracle::Input& in) {
+  const int H = in.num_heads, D = in.head_dim();
+  RowAllowance a;
+  const size_t rows = static_cast<size_t>(in.num_tokens()) * H;
+  a.out_rel.assign(rows, 0.0);
+  a.lse_abs.assign(rows, 0.0);
+  for (int b = 0; b < in.batch; ++b) {
+    for (int i = 0; i < in.q_lens[b]; ++i) {
+      const int t = in.first_token(b) + i;
+      const std::vector<int64_t> slots = oracle::attended_slots(in, b, i);
+      double k_sum = 0.0;  // max_j sum_d |k_jd|
+      for (int64_t slot : slots) {
+        double sum = 0.0;
+        for (int d = 0; d < D; ++d) sum += std::fabs(in.kv[static_cast<size_t>(slot) * D + d]);
+        k_sum = std::max(k_sum, sum);
+      }
+      for (int h = 0; h < H; ++h) {
+        const double* q = &in.query[(static_cast<size_t>(t) * H + h) * D];
+        double m = 0.0;
+        for (int d = 0; d < D; ++d) m = std::max(m, std::fabs(q[d]));
+        if (!std::isfinite(m) || !std::isfinite(k_sum) || m == 0.0) continue;
+        const double delta = m < std::ldexp(1.0, -126) ? m : std::ldexp(1.0, std::ilogb(m) - 39);
+        const double e = std::fabs(in.bmm1_scale) * delta * k_sum;
+        const size_t r = static_cast<size_t>(t) * H + h;
+        a.lse_abs[r] = e;
+        a.out_rel[r] = std::exp(2 * e) - 1;
       }
     }
   }

@@ -103,15 +103,15 @@ struct SegmentState {
 };
 
 // The traits of the few-rows kernel for (Q, KV): with kFp8Direct (an e4m3 cache of a dense call
-// read by the GEMMs as it lands) e4m3 GEMMs for an e4m3 query, bf16 GEMMs with A from registers for
-// a bf16 one; else the 16-bit GEMMs of tma::Formats.
+// read by the GEMMs as it lands) e4m3 GEMMs for an e4m3 query, fp16 GEMMs with A from registers
+// for a bf16 one (its rows scaled into fp16's range); else the 16-bit GEMMs of tma::Formats.
 template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
-using FewRowsTraitsOf =
-    FewRowsTraits<kFp8Direct && Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3
-                                                    : tma::Formats<Q, KV>::kCompute,
-                  kRows, kFp8Direct && Q == Elem::kBf16>;
+using FewRowsTraitsOf = FewRowsTraits<!kFp8Direct           ? tma::Formats<Q, KV>::kCompute
+                                      : Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3
+                                                            : Elem::kFp16,
+                                      kRows, kFp8Direct && Q == Elem::kBf16>;
 
-// The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for a bf16
+// The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
 // keys t / 4 and t / 4 + 8 and, per k step, the k slots 2q, 2q + 1, 2q + 8, 2q + 9 (q = t % 4).
 // A plain ldmatrix of 16-bit elements gives lane t columns 4q .. 4q + 3 of a 16-column group, so
@@ -120,7 +120,7 @@ using FewRowsTraitsOf =
 // out[4 u + r]: register r of k step u.
 __device__ __forceinline__ void load_e4m3_k_fragment(uint32_t stage_addr, int c, int warp, int lane,
                                                      uint32_t (&out)[16]) {
-  using T16 = __nv_bfloat16;
+  using T16 = __half;
   const int j = lane >> 3, r = lane & 7;
   const int key = 16 * warp + 8 * (j & 1) + r;  // lane i: row i % 8 of matrix i / 8
 #pragma unroll
@@ -141,13 +141,13 @@ __device__ __forceinline__ void load_e4m3_k_fragment(uint32_t stage_addr, int c,
   }
 }
 
-// The V^T fragment of m tile `m` (V columns 64 m ..) for a bf16 O^T GEMM with A from registers,
+// The V^T fragment of m tile `m` (V columns 64 m ..) for an fp16 O^T GEMM with A from registers,
 // four k steps of 16 keys, widened from the e4m3 stage: the transposed ldmatrix of
 // load_fp8_v_fragment, each register one key pair of one column (the same row relabelling,
 // fp8_o_row; the keys keep their order). out[4 u + r]: register r of k step u.
 __device__ __forceinline__ void load_e4m3_vt_fragment(uint32_t stage_addr, int m, int warp,
                                                       int lane, uint32_t (&out)[16]) {
-  using T16 = __nv_bfloat16;
+  using T16 = __half;
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = 32 * x + lane;
@@ -205,8 +205,8 @@ __device__ __forceinline__ constexpr int fp8_o_row(int l) {
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads; or, with
 // kFp8Direct (an e4m3 cache, dense calls), the cache lands as e4m3 and the GEMMs read it there:
 // with an e4m3 query (kFp8Mma) both GEMMs run on the FP8 tensor cores; with a bf16 query
-// (kFp8Regs) bf16 GEMMs take their A operands (K, V^T) widened into registers
-// (docs/sm90-fp8.md).
+// (kFp8Regs) fp16 GEMMs take their A operands (K, V^T) widened into registers, the query's rows
+// scaled by powers of two into fp16's range (docs/sm90-fp8.md).
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
@@ -411,11 +411,17 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
           },
-          [] {});
+          [] {}, smem.query_max, smem.query_unscale);
       fence_proxy_async_smem();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
     clear(tOrO);
+    // What the raw scores of the thread's column slot s are multiplied by (base 2): kFp8Regs, the
+    // bmm1 scale times the inverse of the row's fp16 scale (read where used: held across the
+    // blocks, the N = 32 loop spilled).
+    auto col_scale = [&](int s) {
+      return kFp8Regs ? score_scale * smem.query_unscale[my_col(s)] : score_scale;
+    };
 
     // A row attends keys j < limit (and, with a custom mask, the mask rule). Sparse: every row
     // counts the token's entries [0, extent). Read from seg where a block needs it.
@@ -551,7 +557,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       }
       const bool unmasked = (kSparse || p.mask == nullptr) && score_scale > 0.0f &&
                             key0 + kKeys <= min_limit && absent == 0;
-      const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
+      float s_mul[kCols];  // what tSrS still needs
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) s_mul[s] = unmasked ? col_scale(s) : 1.0f;
       float block_max[kCols];
 #pragma unroll
       for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;
@@ -584,7 +592,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
             // turn (contract section 1; the key's V row may have been cleaned).
             float x = kNegInf;
             if (rule.attends(j) && ((absent >> get<0>(tScS(v))) & 1) == 0) {
-              x = tSrS(v) * score_scale;
+              x = tSrS(v) * col_scale(s);
               if (x == kNegInf) x = __int_as_float(0x7fffffff);
             }
             tSrS(v) = x;
@@ -609,7 +617,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         float m = smem.max[cw][par][0][my_col(s)];
 #pragma unroll
         for (int x = 1; x < 4; ++x) m = fmaxf(m, smem.max[cw][par][x][my_col(s)]);
-        block_max[s] = m * s_mul;  // scale > 0: the max of the scaled scores
+        block_max[s] = m * s_mul[s];  // scale > 0: the max of the scaled scores
       }
 
       // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
@@ -647,7 +655,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       constexpr float kPShift = kFp8Mma ? 8.0f : 0.0f;
       CUTE_UNROLL
       for (int v = 0; v < size(tSrS); ++v) {
-        const float e = tma::exp2_ftz(fmaf(tSrS(v), s_mul, kPShift - block_max[col_slot(v)]));
+        const float e =
+            tma::exp2_ftz(fmaf(tSrS(v), s_mul[col_slot(v)], kPShift - block_max[col_slot(v)]));
         tSrS(v) = e;
         col_sum[col_slot(v)] += e;
       }

@@ -70,16 +70,18 @@ struct GmmaOps<Elem::kFp8E4M3, 32> {
   using PvAtom = cute::SM90::GMMA::MMA_64x32x32_F32E4M3E4M3_RS_TN<>;
 };
 
-// A bf16 query over an e4m3 cache read as it lands: bf16 GEMMs with their A operands (the K block
-// for S^T, V^T for O^T) widened from the e4m3 stage into registers (the RS form); B from shared
-// memory (the query tile, P).
+// A bf16 query over an e4m3 cache read as it lands: fp16 GEMMs (e4m3 widens to fp16 in one
+// instruction per pair, to bf16 in four; the query is scaled per row into fp16's range:
+// tma::load_query_tile_rows, kPermute16) with their A operands (the K block for S^T, V^T for O^T)
+// widened from the e4m3 stage into registers (the RS form); B from shared memory (the query tile,
+// P).
 template <int kRows>
 struct GmmaOpsRegs {
-  using Type = cute::bfloat16_t;
+  using Type = cute::half_t;
   using QkAtom = std::conditional_t<
       kRows == 16,
-      cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
-      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
+      cute::SM90::GMMA::MMA_64x16x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
+      cute::SM90::GMMA::MMA_64x32x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
   using PvAtom = QkAtom;
 };
 
@@ -95,11 +97,11 @@ enum class NamedBarrier : uint32_t {
   kWiden = 8,  // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
 };
 
-// E: the GEMMs' element type. kRegsA (E bf16): the stages hold an e4m3 cache that the GEMMs take
+// E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take
 // from registers (GmmaOpsRegs).
 template <Elem E, int kRowsN, bool kRegsA = false>
 struct FewRowsTraits {
-  static_assert(!kRegsA || E == Elem::kBf16, "registers widen e4m3 to bf16");
+  static_assert(!kRegsA || E == Elem::kFp16, "registers widen e4m3 to fp16");
   using Ops = std::conditional_t<kRegsA, GmmaOpsRegs<kRowsN>, GmmaOps<E, kRowsN>>;
   using T = typename Ops::Type;
   // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
@@ -174,6 +176,8 @@ struct FewRowsTraits {
     int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
     float out_scale[kRows];         // partial_o, and what its O is multiplied by
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
+    uint32_t query_max[kRows];      // kRegsA: the query rows' largest |value| (float bits)
+    float query_unscale[kRows];     // kRegsA: 2^-s, the inverse of the row's fp16 scale
     // The consumers' current segment (few_rows_kernel.cuh, SegmentState), written by consumer
     // thread 0 at its start and read where needed, not held in registers across its blocks.
     alignas(16) uint8_t segment[128];

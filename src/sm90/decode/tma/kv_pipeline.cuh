@@ -314,15 +314,22 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
 // thread calls it). The caller fences and syncs.
 // kE4m3Tile: an e4m3 query kept as e4m3 for the FP8 tensor cores, into a 64-byte-swizzled chunk
 // sequence (swizzled_offset_e4m3).
-// kPermute16: a 16-bit query whose columns are stored in the k-slot order of the few-rows kernel's
-// K fragments from registers (few_rows_kernel.cuh, load_e4m3_k_fragment): in each group of 16
-// columns, the 4-byte words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
+// kPermute16: a bf16 query stored as fp16 for the few-rows kernel's K fragments from registers
+// (few_rows_kernel.cuh, load_e4m3_k_fragment): each row scaled by the power of two 2^s that puts
+// its largest |value| in [2^14, 2^15) (exact for every value above 2^-31 of that largest one:
+// docs/sm90-fp8.md), 2^-s written to row_unscale[r] (1 for a row of zeros or a non-finite value),
+// and its columns in the k-slot order of those fragments: in each group of 16 columns the 4-byte
+// words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit). `row_max` (kRows words of
+// shared memory) takes the rows' largest |value| bits; `sync` runs once more, between the maxima
+// and the stores.
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
           bool kPermute16 = false, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
-                                                     InFlight in_flight) {
+                                                     InFlight in_flight,
+                                                     uint32_t* row_max = nullptr,
+                                                     float* row_unscale = nullptr) {
   static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
   static_assert(!kPermute16 || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
@@ -337,6 +344,7 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
       ptr = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.query) + e * kElemBytes);
     }
     row_ptr[tid] = ptr;
+    if constexpr (kPermute16) row_max[tid] = 0;
   }
   sync();
   if constexpr (kPermute16) {
@@ -365,16 +373,66 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
       }
     }
     in_flight();
+    // The rows' largest |value| (as bits: non-negative floats order as their bits; NaN above).
+    auto abs_max2 = [](uint32_t word) {  // two bf16 values: the larger |value|, as float bits
+      return max(word << 16, word & 0xffff0000u) & 0x7fffffffu;
+    };
+#pragma unroll
+    for (int k = 0; k < kPerThreadU; ++k) {
+      const int e = tid + k * kThreads;
+      const int r = e / kUnits;
+      if (kRows * kUnits % kThreads == 0 || r < kRows) {
+        const uint32_t* x = reinterpret_cast<const uint32_t*>(&value[k][0]);
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = max(m, abs_max2(x[i]));
+        if (m != 0) atomicMax(&row_max[r], m);
+      }
+    }
+    sync();
+    // 2^s (s = 14 - the largest value's exponent) in two factors of at most 2^74 each: a row's
+    // largest value may be as small as bf16's 2^-133.
+    auto scale_of = [](uint32_t bits, float& lo, float& hi, float& unscale) {
+      const int e = static_cast<int>(bits >> 23) - 127;  // exponent of the largest |value|
+      if (bits == 0 || bits >= 0x7f800000u) {            // zeros; inf or NaN (the row turns NaN)
+        lo = hi = unscale = 1.0f;
+        return;
+      }
+      if (e < -126) {  // every |value| below 2^-126: its scores are below 2^-116, taken as 0
+        lo = hi = 0.0f;
+        unscale = 1.0f;
+        return;
+      }
+      const int s = 14 - e;
+      lo = exp2f(static_cast<float>(s / 2));
+      hi = exp2f(static_cast<float>(s - s / 2));
+      unscale = exp2f(static_cast<float>(-s));
+    };
+    if (tid < kRows) {
+      float lo, hi, unscale;
+      scale_of(row_max[tid], lo, hi, unscale);
+      row_unscale[tid] = unscale;
+    }
 #pragma unroll
     for (int k = 0; k < kPerThreadU; ++k) {
       const int e = tid + k * kThreads;
       const int r = e / kUnits, g = e - r * kUnits;
       if (kRows * kUnits % kThreads == 0 || r < kRows) {
-        const uint4 a = value[k][0], b = value[k][1];
+        float lo, hi, unscale;
+        scale_of(row_max[r], lo, hi, unscale);
+        const uint32_t* x = reinterpret_cast<const uint32_t*>(&value[k][0]);
+        uint32_t h[8];  // fp16 pairs of the scaled values
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float a = __uint_as_float(x[i] << 16) * lo * hi;
+          const float b = __uint_as_float(x[i] & 0xffff0000u) * lo * hi;
+          const __half2 v = __floats2half2_rn(a, b);
+          h[i] = *reinterpret_cast<const uint32_t*>(&v);
+        }
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g, kRows)) =
-            make_uint4(a.x, a.z, b.x, b.z);
+            make_uint4(h[0], h[2], h[4], h[6]);
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g + 8, kRows)) =
-            make_uint4(a.y, a.w, b.y, b.w);
+            make_uint4(h[1], h[3], h[5], h[7]);
       }
     }
     return;
