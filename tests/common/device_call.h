@@ -191,13 +191,19 @@ inline bool sm90_fp8_direct(const Built& b) {
 inline bool sm90_fp8_mma(const Built& b) {
   return b.c.q_dtype == mla::dtype::kFloat8E4M3 && sm90_fp8_direct(b);
 }
+// A bf16 query over an e4m3 cache in fp16 GEMMs, the query scaled per row into fp16's range: the
+// few-rows kernel's direct route and the seesaw kernel's dense calls (docs/sm90-fp8.md).
+inline bool sm90_scaled_query(const Built& b) {
+  if (b.c.q_dtype != mla::dtype::kBFloat16 || b.c.kv_dtype != mla::dtype::kFloat8E4M3) return false;
+  const mla::detail::sm90::Route r = route_on_device(b.params);
+  return r.fp8_direct || (r.kernel == mla::detail::sm90::Kernel::kSeesaw && !r.sparse);
+}
 inline double sm90_p_rel(const Built& b) {
   namespace dt = mla::dtype;
   mla::DataType p_dtype = b.c.kv_dtype;
   if (b.c.kv_dtype == dt::kFloat8E4M3) {
-    const bool direct = sm90_fp8_direct(b);
-    p_dtype = b.c.q_dtype == dt::kBFloat16 ? (direct ? dt::kFloat16 : dt::kBFloat16)
-              : direct                     ? dt::kFloat8E4M3
+    p_dtype = b.c.q_dtype == dt::kBFloat16 ? (sm90_scaled_query(b) ? dt::kFloat16 : dt::kBFloat16)
+              : sm90_fp8_direct(b)         ? dt::kFloat8E4M3
                                            : dt::kFloat16;
   }
   if (p_dtype != dt::kBFloat16 && p_dtype != dt::kFloat16 && p_dtype != dt::kFloat8E4M3) {
@@ -205,11 +211,12 @@ inline double sm90_p_rel(const Built& b) {
   }
   return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
 }
-// The per-row allowances of the call's route beyond sm90_p_rel (none but on route.fp8_direct).
+// The per-row allowances of the call's route beyond sm90_p_rel (none but on the e4m3-cache routes
+// above).
 inline RowAllowance sm90_allowance(const Built& b) {
-  if (!sm90_fp8_direct(b)) return RowAllowance{};
-  return b.c.q_dtype == mla::dtype::kFloat8E4M3 ? fp8_mma::allowance(b.in)
-                                                : fp8_mma::scaled_query_allowance(b.in);
+  if (sm90_fp8_mma(b)) return fp8_mma::allowance(b.in);
+  if (sm90_scaled_query(b)) return fp8_mma::scaled_query_allowance(b.in);
+  return RowAllowance{};
 }
 inline void check_sm90(const Built& b) {
   const RowAllowance extra = sm90_allowance(b);

@@ -85,8 +85,8 @@ inline RowAllowance allowance(const oracle::Input& in) {
   return a;
 }
 
-// A bf16 query over an e4m3 cache read as it lands (route.fp8_direct with a bf16 query): the
-// GEMMs run in fp16, each query row scaled by the power of two 2^s that puts its largest |value|
+// A bf16 query over an e4m3 cache in fp16 GEMMs (the few-rows kernel's direct route, the seesaw
+// kernel's dense calls: tests/common/device_call.h, sm90_scaled_query): the GEMMs run in fp16, each query row scaled by the power of two 2^s that puts its largest |value|
 // M in [2^14, 2^15) (tma::load_query_tile_rows, kPermute16). A bf16 value is exact in fp16 from
 // 2^-17 of that range down (fp16's subnormal spacing, 2^-24, is 2^(e - 38) in the row's own
 // units, e = floor(log2 M)); below, rounding moves a value by at most 2^(e - 39), and a row whose

@@ -1142,42 +1142,46 @@ INSTANTIATE_TEST_SUITE_P(Fp8Regs, Sm90Decode, ::testing::ValuesIn(fp8_direct_cas
                          param_name);
 
 // A bf16 query over an e4m3 cache runs fp16 GEMMs over each query row scaled by a power of two
-// into fp16's range (docs/sm90-fp8.md), against the oracle: every row 2^70 times unit size (far
-// past fp16's 65504) or 2^-120 (near bf16's subnormals) with bmm1 scaled the other way, and rows
-// of mixed sizes, 2^-100 to 2^-2, one of bf16 subnormals. (Scores themselves stay moderate: beyond
-// ~2^20 fp32's own rounding of them moves P by whole factors on every kernel.)
+// into fp16's range (docs/sm90-fp8.md), on both kernels (H 16: the few-rows kernel, H 64 the
+// seesaw kernel), against the oracle: every row 2^70 times unit size (far past fp16's 65504) or
+// 2^-120 (near bf16's subnormals) with bmm1 scaled the other way, and rows of mixed sizes, 2^-100
+// to 2^-2, one of bf16 subnormals. (Scores themselves stay moderate: beyond ~2^20 fp32's own
+// rounding of them moves P by whole factors on every kernel.)
 TEST(Sm90DecodeFp8Direct, Bf16QueryRowsOfAnyMagnitude) {
   SKIP_WITHOUT_HOPPER();
-  for (int config = 0; config < 3; ++config) {
-    Case c;
-    c.B = 3;
-    c.H = 16;
-    c.q_len = 2;
-    c.seq_lens = {900, 70, 2};
-    c.page_size = 64;
-    c.q_dtype = kBf16;
-    c.kv_dtype = kFp8;
-    const int whole = config == 0 ? 70 : config == 1 ? -120 : 0;  // every row's shift
-    c.bmm1 = std::ldexp(4.0 / std::sqrt(576.0), -whole);
-    c.seed = 4300 + config;
-    std::unique_ptr<Built> b = build(deepseek(c));
-    for (int t = 0; t < b->T; ++t) {
-      for (int h = 0; h < c.H; ++h) {
-        const int shift = config < 2 ? whole : h == 15 ? -140 : 7 * h - 100;
-        for (int d = 0; d < b->D; ++d) {
-          const double x = b->in.query[(static_cast<size_t>(t) * c.H + h) * b->D + d];
-          b->set_query(t, h, d, std::ldexp(x, shift));
+  for (int H : {16, 64}) {
+    for (int config = 0; config < 3; ++config) {
+      Case c;
+      c.B = 3;
+      c.H = H;
+      c.q_len = 2;
+      c.seq_lens = {900, 70, 2};
+      c.page_size = 64;
+      c.q_dtype = kBf16;
+      c.kv_dtype = kFp8;
+      const int whole = config == 0 ? 70 : config == 1 ? -120 : 0;  // every row's shift
+      c.bmm1 = std::ldexp(4.0 / std::sqrt(576.0), -whole);
+      c.seed = 4300 + config;
+      std::unique_ptr<Built> b = build(deepseek(c));
+      for (int t = 0; t < b->T; ++t) {
+        for (int h = 0; h < c.H; ++h) {
+          const int g = h % 16;
+          const int shift = config < 2 ? whole : g == 15 ? -140 : 7 * g - 100;
+          for (int d = 0; d < b->D; ++d) {
+            const double x = b->in.query[(static_cast<size_t>(t) * c.H + h) * b->D + d];
+            b->set_query(t, h, d, std::ldexp(x, shift));
+          }
         }
       }
+      DeviceCall call(*b);
+      const Route route = route_on_device(call.params);
+      ASSERT_EQ(route.kernel, H == 16 ? Kernel::kFewRows : Kernel::kSeesaw);
+      ASSERT_EQ(route.fp8_direct, H == 16);
+      ASSERT_TRUE(run_on_gpu(call.params));
+      call.download(*b);
+      SCOPED_TRACE("H " + std::to_string(H) + " config " + std::to_string(config));
+      check_sm90(*b);
     }
-    DeviceCall call(*b);
-    const Route route = route_on_device(call.params);
-    ASSERT_EQ(route.kernel, Kernel::kFewRows);
-    ASSERT_TRUE(route.fp8_direct);
-    ASSERT_TRUE(run_on_gpu(call.params));
-    call.download(*b);
-    SCOPED_TRACE("config " + std::to_string(config));
-    check_sm90(*b);
   }
 }
 

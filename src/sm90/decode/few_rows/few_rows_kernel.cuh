@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
-                                kFp8Regs>(
+                                kFp8Regs, kFp8Regs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);

@@ -95,8 +95,18 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
 // values once S is computed, and an attended -inf score becomes NaN (tma::clean_v_rows): a NaN or
 // inf in a draft key reaches exactly the rows that attend it (contract section 1). Other calls
 // run without the extra code.
+// Whether a call of (Q, KV) runs fp16 GEMMs over a bf16 query scaled per row by a power of two into
+// fp16's range (tma::load_query_tile_rows, kScaledHalf): a dense call over an e4m3 cache, whose
+// blocks then widen to fp16 (one instruction per pair, four to bf16: docs/sm90-fp8.md).
+template <Elem Q, Elem KV, bool kSparse>
+inline constexpr bool kScaledSeesawQuery = !kSparse && Q == Elem::kBf16 && KV == Elem::kFp8E4M3;
+template <Elem Q, Elem KV, bool kSparse>
+inline constexpr Elem kSeesawCompute =
+    kScaledSeesawQuery<Q, KV, kSparse> ? Elem::kFp16 : tma::Formats<Q, KV>::kCompute;
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
-// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads.
+// memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads, a bf16
+// query over it scaled into fp16 (kScaledSeesawQuery).
 // kSparse: a sparse call, one segment per CTA (tma::SparseCursor: query-row tile blockIdx.x of
 // token blockIdx.y's heads, split blockIdx.z), its blocks gathered by index (tma/gather.cuh); the
 // keys are the token's counted entries, each attended by every row unless it is -1.
@@ -106,7 +116,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                   const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  using Traits = SeesawTraits<F::kCompute>;
+  // A dense call's bf16 query over an e4m3 cache: fp16 GEMMs over the query scaled per row.
+  constexpr bool kScaledQuery = kScaledSeesawQuery<Q, KV, kSparse>;
+  using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kSparse, tma::SparseCursor,
@@ -249,7 +261,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // request's rows find their places in out and lse, so that its end is short.
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
-                                std::conditional_t<F::kFp8Query, __half, void>>(
+                                std::conditional_t<F::kFp8Query, __half, void>, false,
+                                kScaledQuery>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -261,7 +274,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
               named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
               out_copies_pending = false;
             }
-          });
+          },
+          smem.query_max, smem.query_unscale);
       fence_proxy_async_smem();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
@@ -432,7 +446,16 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         }
         const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
                               key0 + kKeys <= unmasked_limit && absent == 0;
-        const float s_mul = unmasked ? score_scale : 1.0f;  // what tSrS still needs
+        // The scale of each of the thread's rows: kScaledQuery, times the inverse of the row's
+        // fp16 scale (read here: held across the blocks, it would take two registers).
+        float row_scale[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          row_scale[s] = kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
+        }
+        float s_mul[2];  // what tSrS still needs
+#pragma unroll
+        for (int s = 0; s < 2; ++s) s_mul[s] = unmasked ? row_scale[s] : 1.0f;
         float block_max[2] = {kNegInf, kNegInf};
         // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
         // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
@@ -464,13 +487,13 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             if constexpr (kClean) {
               s = kNegInf;
               if (rule[slot].attends(j)) {
-                s = tSrS(v) * score_scale;
+                s = tSrS(v) * row_scale[slot];
                 if (s == kNegInf) s = __int_as_float(0x7fffffff);
               }
             } else {
               bool attends = rule[slot].attends(j);
               if constexpr (kSparse) attends = attends && ((absent >> get<1>(tScS(v))) & 1) == 0;
-              s = attends ? tSrS(v) * score_scale : kNegInf;
+              s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
               neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
             }
             tSrS(v) = s;
@@ -482,7 +505,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-          block_max[s] *= s_mul;  // scale > 0: the max of the scaled scores
+          block_max[s] *= s_mul[s];  // scale > 0: the max of the scaled scores
         }
 
         // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
@@ -524,7 +547,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         CUTE_UNROLL
         for (int v = 0; v < size(tSrS); ++v) {
           const int slot = (v >> 1) & 1;
-          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul, -block_max[slot]));
+          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
         }
 
         // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
@@ -811,7 +834,7 @@ template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl) {
-  using Traits = SeesawTraits<tma::Formats<Q, KV>::kCompute>;
+  using Traits = SeesawTraits<kSeesawCompute<Q, KV, false>>;
   // fp8 caches run unpaired (widened per CTA), as do fp8_ds_mla's gathered blocks
   constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache && KV != Elem::kFp8DsMla;
   constexpr size_t smem = Traits::kSmemBytes;
@@ -833,7 +856,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles,
                                  cudaStream_t stream, bool pdl) {
-  using Traits = SeesawTraits<tma::Formats<Q, KV>::kCompute>;
+  using Traits = SeesawTraits<kSeesawCompute<Q, KV, true>>;
   constexpr size_t smem = Traits::kSmemBytes;
   auto* kernel = &seesaw_kernel<Q, KV, false, false, false, true>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -117,6 +117,8 @@ struct SeesawTraits {
     float out_sink[kRows];
     float out_scale[kRows];
     const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
+    uint32_t query_max[kRows];      // scaled query (seesaw_kernel.cuh): rows' largest |value| bits
+    float query_unscale[kRows];     // scaled query: 2^-s, the inverse of the row's fp16 scale
     // Sparse calls (tma/gather.cuh): the block's entries (-1: no key; 0 past the counted ones),
     // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];

@@ -314,16 +314,16 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
 // thread calls it). The caller fences and syncs.
 // kE4m3Tile: an e4m3 query kept as e4m3 for the FP8 tensor cores, into a 64-byte-swizzled chunk
 // sequence (swizzled_offset_e4m3).
-// kPermute16: a bf16 query stored as fp16 for the few-rows kernel's K fragments from registers
-// (few_rows_kernel.cuh, load_e4m3_k_fragment): each row scaled by the power of two 2^s that puts
-// its largest |value| in [2^14, 2^15) (exact for every value above 2^-31 of that largest one:
-// docs/sm90-fp8.md), 2^-s written to row_unscale[r] (1 for a row of zeros or a non-finite value),
-// and its columns in the k-slot order of those fragments: in each group of 16 columns the 4-byte
-// words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit). `row_max` (kRows words of
-// shared memory) takes the rows' largest |value| bits; `sync` runs once more, between the maxima
-// and the stores.
+// kScaledHalf: a bf16 query stored as fp16 (for fp16 GEMMs over a widened e4m3 cache), each row
+// scaled by the power of two 2^s that puts its largest |value| in [2^14, 2^15) (exact for every
+// value above 2^-31 of that largest one: docs/sm90-fp8.md), 2^-s written to row_unscale[r] (1 for
+// a row of zeros or a non-finite value). `row_max` (kRows words of shared memory) takes the rows'
+// largest |value| bits; `sync` runs once more, between the maxima and the stores. kPermute16 (with
+// kScaledHalf): the columns in the k-slot order of the few-rows kernel's K fragments from
+// registers (few_rows_kernel.cuh, load_e4m3_k_fragment): in each group of 16 columns the 4-byte
+// words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
-          bool kPermute16 = false, typename Sync, typename InFlight>
+          bool kScaledHalf = false, bool kPermute16 = false, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
@@ -331,7 +331,8 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
                                                      uint32_t* row_max = nullptr,
                                                      float* row_unscale = nullptr) {
   static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
-  static_assert(!kPermute16 || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
+  static_assert(!kScaledHalf || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
+  static_assert(!kPermute16 || kScaledHalf, "the permuted tile is the scaled one");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
   constexpr int kElemBytes = kFp8 || kE4m3Tile ? 1 : 2;
   if (tid < kRows) {
@@ -344,10 +345,10 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
       ptr = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(p.query) + e * kElemBytes);
     }
     row_ptr[tid] = ptr;
-    if constexpr (kPermute16) row_max[tid] = 0;
+    if constexpr (kScaledHalf) row_max[tid] = 0;
   }
   sync();
-  if constexpr (kPermute16) {
+  if constexpr (kScaledHalf) {
     // Units of two vectors (16 columns); the head-dims mapping per vector as below.
     constexpr int kUnits = 576 / 16;
     constexpr int kPerThreadU = (kRows * kUnits + kThreads - 1) / kThreads;
@@ -430,9 +431,9 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
           h[i] = *reinterpret_cast<const uint32_t*>(&v);
         }
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g, kRows)) =
-            make_uint4(h[0], h[2], h[4], h[6]);
+            kPermute16 ? make_uint4(h[0], h[2], h[4], h[6]) : make_uint4(h[0], h[1], h[2], h[3]);
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g + 8, kRows)) =
-            make_uint4(h[1], h[3], h[5], h[7]);
+            kPermute16 ? make_uint4(h[1], h[3], h[5], h[7]) : make_uint4(h[4], h[5], h[6], h[7]);
       }
     }
     return;
