@@ -210,60 +210,55 @@ struct RowRule {
   }
 };
 
-// V rows [r_begin, keys) of a stage (v_chunks chunks of `keys` rows x 128 bytes) made safe for
+// V rows [r_begin, keys) of a stage (v_chunks chunks of `keys` rows of 64 values) made safe for
 // P V: rows from `valid` on (keys past the extent: TMA loads whole boxes and skips pages past it,
 // so they may hold NaN from a poisoned cache or a stale stage) become 0; rows [r_begin, valid)
 // (draft keys, positions seq_len - n_b .. seq_len - 1, which some rows of a tile attend and others
-// do not) keep their finite values and lose their non-finite ones (exponent all ones: `exp_mask`,
-// 0x7f80 bf16, 0x7c00 fp16). P is 0 for a row that does not attend a key, and 0 times NaN is
-// NaN; a row that attends a non-finite key already holds a NaN score, which carries the NaN into
-// its sum, lse and out (contract section 1). Call once S is computed. Threads tid, tid + nthreads,
-// ... share the 16-byte pieces.
-__device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_chunks, int r_begin,
-                                             int valid, uint32_t exp_mask, int tid, int nthreads) {
-  const int n = (keys - r_begin) * v_chunks * 8;
+// do not) keep their finite values and lose their non-finite ones. P is 0 for a row that does not
+// attend a key, and 0 times NaN is NaN; a row that attends a non-finite key already holds a NaN
+// score, which carries the NaN into its sum, lse and out (contract section 1). Call once S is
+// computed. Threads tid, tid + nthreads, ... share the 16-byte pieces.
+// kElemBytes 2: 16-bit values, 128-byte rows, non-finite where the exponent bits `exp_mask` are
+// all ones (0x7f80 bf16, 0x7c00 fp16); 1: e4m3 values, 64-byte rows (the 64-byte swizzle keeps a
+// row's bytes within it), whose only non-finite values are NaN, 0x7f and 0xff.
+template <int kElemBytes>
+__device__ __forceinline__ void clean_v_rows_of(uint8_t* k_bytes, int keys, int v_chunks,
+                                                int r_begin, int valid, uint32_t exp_mask, int tid,
+                                                int nthreads) {
+  constexpr int kRowBytes = 64 * kElemBytes, kPieces = kRowBytes / 16;  // 8 or 4
+  const int n = (keys - r_begin) * v_chunks * kPieces;
   for (int e = tid; e < n; e += nthreads) {
-    const int piece = e & 7, rest = e >> 3;
+    const int piece = e & (kPieces - 1), rest = e >> (kElemBytes == 2 ? 3 : 2);
     const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
-    uint4* at = reinterpret_cast<uint4*>(k_bytes + chunk * keys * 128 + r * 128 + piece * 16);
+    uint4* at =
+        reinterpret_cast<uint4*>(k_bytes + chunk * keys * kRowBytes + r * kRowBytes + piece * 16);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (r < valid) {
       v = *at;
       uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        if ((w[k] & exp_mask) == exp_mask) w[k] &= 0xffff0000u;
-        if (((w[k] >> 16) & exp_mask) == exp_mask) w[k] &= 0x0000ffffu;
-      }
-    }
-    *at = v;
-  }
-}
-
-// The same for an e4m3 stage (v_chunks chunks of `keys` rows x 64 bytes, 64-byte swizzle: a row's
-// bytes stay within it): rows from `valid` on become 0, rows [r_begin, valid) lose their NaN bytes
-// (e4m3 has no infinity; 0x7f and 0xff are its NaN).
-__device__ __forceinline__ void clean_v_rows_e4m3(uint8_t* k_bytes, int keys, int v_chunks,
-                                                  int r_begin, int valid, int tid, int nthreads) {
-  const int n = (keys - r_begin) * v_chunks * 4;
-  for (int e = tid; e < n; e += nthreads) {
-    const int piece = e & 3, rest = e >> 2;
-    const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
-    uint4* at = reinterpret_cast<uint4*>(k_bytes + chunk * keys * 64 + r * 64 + piece * 16);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < valid) {
-      v = *at;
-      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+        if constexpr (kElemBytes == 2) {
+          if ((w[k] & exp_mask) == exp_mask) w[k] &= 0xffff0000u;
+          if (((w[k] >> 16) & exp_mask) == exp_mask) w[k] &= 0x0000ffffu;
+        } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-#pragma unroll
-        for (int b = 0; b < 32; b += 8) {
-          if (((w[k] >> b) & 0x7fu) == 0x7fu) w[k] &= ~(0xffu << b);
+          for (int b = 0; b < 32; b += 8) {
+            if (((w[k] >> b) & 0x7fu) == 0x7fu) w[k] &= ~(0xffu << b);
+          }
         }
       }
     }
     *at = v;
   }
+}
+__device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_chunks, int r_begin,
+                                             int valid, uint32_t exp_mask, int tid, int nthreads) {
+  clean_v_rows_of<2>(k_bytes, keys, v_chunks, r_begin, valid, exp_mask, tid, nthreads);
+}
+__device__ __forceinline__ void clean_v_rows_e4m3(uint8_t* k_bytes, int keys, int v_chunks,
+                                                  int r_begin, int valid, int tid, int nthreads) {
+  clean_v_rows_of<1>(k_bytes, keys, v_chunks, r_begin, valid, 0, tid, nthreads);
 }
 
 // Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
