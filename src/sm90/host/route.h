@@ -63,7 +63,7 @@ struct Route {
   bool combine = false;
   int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
   // kFewRows, dense, e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
-  // boxes): both on the FP8 tensor cores with an e4m3 query, bf16 GEMMs with the cache widened in
+  // boxes): both on the FP8 tensor cores with an e4m3 query, fp16 GEMMs with the cache widened in
   // registers with a bf16 query (docs/sm90-fp8.md); false: widened in shared memory.
   bool fp8_direct = false;
   int tiles = 0;  // kSeesaw: query-row tiles of 64 per request (the grid's x); sparse: per token

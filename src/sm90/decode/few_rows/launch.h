@@ -18,7 +18,7 @@ inline constexpr int kMaxRows = 32;
 // num_parts)), else in the uniform layout (grid (1, B, num_splits)); one explicit instantiation
 // per (query, kv_cache) pair of tma::Formats and kRows. fp8_direct (an e4m3 cache only): the GEMMs
 // read the e4m3 blocks as they land, over a kv_map of 64-byte-swizzled boxes
-// (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, bf16
+// (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, fp16
 // GEMMs fed from registers with a bf16 query; else an e4m3 cache is widened in shared memory.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,

@@ -1,4 +1,5 @@
-// Seesaw decode kernel, bf16 query over an e4m3 kv_cache (bf16 GEMMs).
+// Seesaw decode kernel, bf16 query over an e4m3 kv_cache (fp16 GEMMs over the query scaled per
+// row: seesaw_kernel.cuh, kScaledSeesawQuery).
 #include "sm90/decode/seesaw/seesaw_kernel.cuh"
 
 namespace mla::sm90::seesaw {

@@ -18,7 +18,8 @@
 namespace mla::sm90::tma {
 
 // The storage formats of one TMA-kernel instantiation and the 16-bit type its GEMMs run in: a bf16
-// query keeps bf16 GEMMs (an fp8 cache is widened to bf16); an fp8 query runs fp16 GEMMs (e4m3
+// query keeps bf16 GEMMs (an fp8 cache is widened to bf16; the dense kernels run fp16 GEMMs over a
+// scaled query instead: seesaw_kernel.cuh, few_rows_kernel.cuh); an fp8 query runs fp16 GEMMs (e4m3
 // values are exact in fp16 as in bf16, and fp16 keeps 3 more bits of P). fp8_ds_mla (sparse
 // calls, gathered: gather.cuh) has a bf16 query and bf16 GEMMs; kFp8Cache is the TMA fp8 ring's.
 template <Elem Q, Elem KV>
