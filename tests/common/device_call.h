@@ -192,11 +192,13 @@ inline bool sm90_fp8_mma(const Built& b) {
   return b.c.q_dtype == mla::dtype::kFloat8E4M3 && sm90_fp8_direct(b);
 }
 // A bf16 query over an e4m3 cache in fp16 GEMMs, the query scaled per row into fp16's range: the
-// few-rows kernel's direct route and the seesaw kernel's dense calls (docs/sm90-fp8.md).
+// few-rows kernel's direct route and sparse calls, the seesaw kernel's calls (docs/sm90-fp8.md);
+// not the few-rows kernel's dense calls widened in shared memory (MLA_SM90_FP8_DIRECT=0).
 inline bool sm90_scaled_query(const Built& b) {
+  using mla::detail::sm90::Kernel;
   if (b.c.q_dtype != mla::dtype::kBFloat16 || b.c.kv_dtype != mla::dtype::kFloat8E4M3) return false;
   const mla::detail::sm90::Route r = route_on_device(b.params);
-  return r.fp8_direct || (r.kernel == mla::detail::sm90::Kernel::kSeesaw && !r.sparse);
+  return r.fp8_direct || r.kernel == Kernel::kSeesaw || (r.kernel == Kernel::kFewRows && r.sparse);
 }
 inline double sm90_p_rel(const Built& b) {
   namespace dt = mla::dtype;

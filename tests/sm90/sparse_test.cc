@@ -550,8 +550,9 @@ int64_t run_with_nan_rows(Prepared& p, const SparseCase& s) {
     const mla_test::RowAllowance rounding = ds_mla::dequant_rounding_allowance(p.b->in);
     return check_nan_rows_against_oracle(*p.b, sm90_p_rel(*p.b), &rounding);
   }
-  return check_nan_rows_against_oracle(
-      *p.b, p.ds_mla ? mla_test::p_rounding_rel(s.c.out_dtype) : sm90_p_rel(*p.b));
+  if (p.ds_mla) return check_nan_rows_against_oracle(*p.b, mla_test::p_rounding_rel(s.c.out_dtype));
+  const mla_test::RowAllowance extra = sm90_allowance(*p.b);
+  return check_nan_rows_against_oracle(*p.b, sm90_p_rel(*p.b), &extra);
 }
 
 TEST(Sm90SparseNaN, KeysValuesQueriesAndScales) {

@@ -104,12 +104,17 @@ struct SegmentState {
 
 // The traits of the few-rows kernel for (Q, KV): with kFp8Direct (an e4m3 cache of a dense call
 // read by the GEMMs as it lands) e4m3 GEMMs for an e4m3 query, fp16 GEMMs with A from registers
-// for a bf16 one (its rows scaled into fp16's range); else the 16-bit GEMMs of tma::Formats.
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
-using FewRowsTraitsOf = FewRowsTraits<!kFp8Direct           ? tma::Formats<Q, KV>::kCompute
-                                      : Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3
-                                                            : Elem::kFp16,
-                                      kRows, kFp8Direct && Q == Elem::kBf16>;
+// for a bf16 one (its rows scaled into fp16's range); a sparse call's bf16 query over an e4m3
+// cache: fp16 GEMMs over the scaled query too (the gather widens to fp16); else the 16-bit GEMMs of
+// tma::Formats.
+template <Elem Q, Elem KV, bool kSparse>
+inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == Elem::kFp8E4M3;
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false>
+using FewRowsTraitsOf =
+    FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
+                  : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
+                                                       : tma::Formats<Q, KV>::kCompute,
+                  kRows, kFp8Direct && Q == Elem::kBf16>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -219,7 +224,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   static_assert(!kFp8Direct || (F::kFp8Cache && !kSparse), "a dense call's e4m3 cache");
   constexpr bool kFp8Mma = kFp8Direct && F::kFp8Query;
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
-  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct>;
+  // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
+  constexpr bool kScaledQuery = kFp8Regs || kScaledSparseQuery<Q, KV, kSparse>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
@@ -406,7 +413,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
-                                kFp8Regs, kFp8Regs>(
+                                kScaledQuery, kFp8Regs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -416,11 +423,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
     clear(tOrO);
-    // What the raw scores of the thread's column slot s are multiplied by (base 2): kFp8Regs, the
-    // bmm1 scale times the inverse of the row's fp16 scale (read where used: held across the
+    // What the raw scores of the thread's column slot s are multiplied by (base 2): kScaledQuery,
+    // the bmm1 scale times the inverse of the row's fp16 scale (read where used: held across the
     // blocks, the N = 32 loop spilled).
     auto col_scale = [&](int s) {
-      return kFp8Regs ? score_scale * smem.query_unscale[my_col(s)] : score_scale;
+      return kScaledQuery ? score_scale * smem.query_unscale[my_col(s)] : score_scale;
     };
 
     // A row attends keys j < limit (and, with a custom mask, the mask rule). Sparse: every row
@@ -987,7 +994,7 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream,
                                    bool pdl) {
-  using Traits = FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRows>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, false, true>;
   constexpr size_t smem = Traits::kSmemBytes;
   auto* kernel = &few_rows_kernel<Q, KV, kRows, true>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -96,10 +96,10 @@ __device__ __forceinline__ void set_out_row(const DecodeKernelParams& p, Plan& s
 // inf in a draft key reaches exactly the rows that attend it (contract section 1). Other calls
 // run without the extra code.
 // Whether a call of (Q, KV) runs fp16 GEMMs over a bf16 query scaled per row by a power of two into
-// fp16's range (tma::load_query_tile_rows, kScaledHalf): a dense call over an e4m3 cache, whose
-// blocks then widen to fp16 (one instruction per pair, four to bf16: docs/sm90-fp8.md).
+// fp16's range (tma::load_query_tile_rows, kScaledHalf): a call over an e4m3 cache, whose blocks
+// then widen to fp16 (one instruction per pair, four to bf16: docs/sm90-fp8.md), dense or sparse.
 template <Elem Q, Elem KV, bool kSparse>
-inline constexpr bool kScaledSeesawQuery = !kSparse && Q == Elem::kBf16 && KV == Elem::kFp8E4M3;
+inline constexpr bool kScaledSeesawQuery = Q == Elem::kBf16&& KV == Elem::kFp8E4M3;
 template <Elem Q, Elem KV, bool kSparse>
 inline constexpr Elem kSeesawCompute =
     kScaledSeesawQuery<Q, KV, kSparse> ? Elem::kFp16 : tma::Formats<Q, KV>::kCompute;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                   const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  // A dense call's bf16 query over an e4m3 cache: fp16 GEMMs over the query scaled per row.
+  // A bf16 query over an e4m3 cache: fp16 GEMMs over the query scaled per row.
   constexpr bool kScaledQuery = kScaledSeesawQuery<Q, KV, kSparse>;
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>>;
   using T = typename Traits::T;
