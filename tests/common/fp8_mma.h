@@ -86,14 +86,15 @@ inline RowAllowance allowance(const oracle::Input& in) {
 }
 
 // A bf16 query over an e4m3 cache in fp16 GEMMs (the few-rows kernel's direct route, the seesaw
-// kernel's dense calls: tests/common/device_call.h, sm90_scaled_query): the GEMMs run in fp16, each query row scaled by the power of two 2^s that puts its largest |value|
-// M in [2^14, 2^15) (tma::load_query_tile_rows, kPermute16). A bf16 value is exact in fp16 from
-// 2^-17 of that range down (fp16's subnormal spacing, 2^-24, is 2^(e - 38) in the row's own
-// units, e = floor(log2 M)); below, rounding moves a value by at most 2^(e - 39), and a row whose
-// M is below 2^-126 is taken as zeros. So a score moves by at most
-// E = |bmm1| delta max_j sum_d |k_jd| (delta = 2^(e - 39), or M for the zeroed rows): lse_abs = E
-// and out_rel = exp(2E) - 1, as in allowance(); P is rounded to fp16 (the caller's p_rel), the
-// products and sums are exact or fp32.
+// kernel's dense calls: tests/common/device_call.h, sm90_scaled_query): the GEMMs run in fp16, each
+// query row scaled by the power of two 2^s that puts its largest |value| M in [2^14, 2^15)
+// (tma::load_query_tile_rows, kPermute16). A bf16 value is exact in fp16 from 2^-17 of that range
+// down (fp16's subnormal spacing, 2^-24, is 2^(e - 38) in the row's own units, e = floor(log2 M));
+// below, rounding moves a value by at most 2^(e - 39), and a row whose M is below 2^-126 is taken
+// as zeros. So a score moves by at most E = |bmm1| delta max_j sum_d |k_jd| (delta = 2^(e - 39), or
+// M for the zeroed rows): lse_abs = E and out_rel = exp(2E) - 1, as in allowance(); P is rounded to
+// fp16 (the caller's p_rel), the products and sums are exact or fp32. A row with a non-finite query
+// value, key value or scale gets none (it is NaN, compared apart).
 inline RowAllowance scaled_query_allowance(const oracle::Input& in) {
   const int H = in.num_heads, D = in.head_dim();
   RowAllowance a;
@@ -113,10 +114,15 @@ inline RowAllowance scaled_query_allowance(const oracle::Input& in) {
       for (int h = 0; h < H; ++h) {
         const double* q = &in.query[(static_cast<size_t>(t) * H + h) * D];
         double m = 0.0;
-        for (int d = 0; d < D; ++d) m = std::max(m, std::fabs(q[d]));
-        if (!std::isfinite(m) || !std::isfinite(k_sum) || m == 0.0) continue;
+        bool finite = std::isfinite(in.bmm1_scale) && std::isfinite(in.bmm2_scale);
+        for (int d = 0; d < D; ++d) {
+          finite = finite && std::isfinite(q[d]);
+          m = std::max(m, std::fabs(q[d]));
+        }
+        if (!finite || !std::isfinite(k_sum) || m == 0.0) continue;
         const double delta = m < std::ldexp(1.0, -126) ? m : std::ldexp(1.0, std::ilogb(m) - 39);
         const double e = std::fabs(in.bmm1_scale) * delta * k_sum;
+        if (!std::isfinite(e)) continue;
         const size_t r = static_cast<size_t>(t) * H + h;
         a.lse_abs[r] = e;
         a.out_rel[r] = std::exp(2 * e) - 1;
