@@ -15,21 +15,23 @@ namespace mla_test::fp8_mma {
 
 // The FP8 tensor cores accumulate each product sum in a narrower format than fp32 (about 13
 // fraction bits, truncated). The kernel starts every partial sum from zero on the tensor cores and
-// adds it in fp32: a score's 64 columns of one chunk (two wgmma k steps), a block's 64 keys of one
-// V column tile (two k steps). We take each such partial s = sum_k a_k b_k to come out within
-// kAccumRel * sum_k |a_k b_k| (2^-10: two steps, each within 2^-11 of the magnitude it aligns
-// to); the fp32 additions are far below it.
-constexpr double kAccumRel = 1.0 / 1024;
+// adds it in fp32: a score's 192 columns of three chunks (six wgmma k steps), a block's 64 keys of
+// one V column tile (two k steps). We take each wgmma k step to come out within 2^-11 of the
+// magnitude it aligns to, so a partial s = sum_k a_k b_k of n steps within n 2^-11 sum_k |a_k b_k|:
+// kScoreAccumRel (3 2^-10) for the scores, kPvAccumRel (2^-10) for P V; the fp32 additions are
+// far below it.
+constexpr double kScoreAccumRel = 6.0 / 2048;
+constexpr double kPvAccumRel = 2.0 / 2048;
 // e4m3 P is taken as p' = 2^8 p (p <= 1, relative to the running max): below 2^-6, p' is
 // subnormal, with spacing 2^-9; rounding to nearest moves p by at most min(p, 2^-18).
 constexpr double kSubnormalAbs = 1.0 / (1 << 18);
 
 // Against the oracle, per row (token, head) with attended keys A:
-// - scores: s~_j = s_j + e_j, |e_j| <= E_j = |bmm1| kAccumRel sum_d |q_d| |k_jd|;
+// - scores: s~_j = s_j + e_j, |e_j| <= E_j = |bmm1| kScoreAccumRel sum_d |q_d| |k_jd|;
 // - lse moves by at most E = max_{j in A} E_j (lse_abs);
 // - P then moves by at most (exp(2E) - 1) p_j (fp8_ds_mla.h derives the same), and the P V
-//   partials' accumulation by kAccumRel of sum_j p~_j |v_jl|: out_rel = exp(2E) (1 + kAccumRel) -
-//   1;
+//   partials' accumulation by kPvAccumRel of sum_j p~_j |v_jl|: out_rel = exp(2E) (1 +
+//   kPvAccumRel) - 1;
 // - e4m3 P: half an ulp (2^-4 relative; the caller's p_rel, twice that) in the normal range, and
 //   min(p_j, 2^-18) in the subnormal range, with p_j = exp(s_j - max_A s): out moves by at most
 //   |bmm2| sum_j min(p_j, 2^-18) |v_jl| / Z, Z = sum_A p_j (+ the sink's term): out_abs, the
@@ -60,7 +62,7 @@ inline RowAllowance allowance(const oracle::Input& in) {
             mag += std::fabs(q[d]) * std::fabs(k[d]);
           }
           s[j] = in.bmm1_scale * dot;
-          e = std::max(e, std::fabs(in.bmm1_scale) * kAccumRel * mag);
+          e = std::max(e, std::fabs(in.bmm1_scale) * kScoreAccumRel * mag);
           finite = std::isfinite(s[j]) && std::isfinite(mag);
           m = std::max(m, s[j]);
         }
@@ -77,7 +79,7 @@ inline RowAllowance allowance(const oracle::Input& in) {
         const size_t r = static_cast<size_t>(t) * H + h;
         const double grow = std::exp(2 * e);
         a.lse_abs[r] = e;
-        a.out_rel[r] = grow * (1 + kAccumRel) - 1;
+        a.out_rel[r] = grow * (1 + kPvAccumRel) - 1;
         a.out_abs[r] = 2 * grow * std::fabs(in.bmm2_scale) * tail_max / z;
       }
     }

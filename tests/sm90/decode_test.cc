@@ -1004,30 +1004,36 @@ std::vector<Case> pair_cases() {
   return cases;
 }
 
-// An e4m3 cache read as it lands on the few-rows kernel (route.fp8_direct): with an e4m3 query on
-// the FP8 tensor cores, with a bf16 query in fp16 GEMMs widened into registers (allowances:
-// tests/common/fp8_mma.h): heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <= 32), pages 16 to
-// 256, lengths 0, 1, a block and one past, short and 16001; ragged queries, masks, sinks, scale
-// tensors, skip-softmax, fp16 out without lse, strided and 4-D layouts, scores spread widely
-// enough that e4m3 P reaches its subnormal range and 0, and a mixed batch on the balanced schedule.
-std::vector<Case> fp8_direct_cases(DataType q_dtype) {
+// An e4m3 cache read as it lands (route.fp8_direct; allowances: tests/common/fp8_mma.h), pages 16
+// to 256, lengths 0, 1, a block and one past, short and 16001; ragged queries, masks, sinks, scale
+// tensors, skip-softmax, fp16 out without lse, 4-D layouts, scores spread widely enough that e4m3
+// P reaches its subnormal range and 0, and a mixed batch on the balanced schedule:
+// - the few-rows kernel (`tiles` false): with an e4m3 query on the FP8 tensor cores, with a bf16
+//   query in fp16 GEMMs widened into registers; heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <=
+//   32), strided query rows;
+// - its tiles on the seesaw kernel's calls (`tiles`, an e4m3 query): heads 128, 64, 40, 20, 16 and
+//   3 at q_len 1..4 and 16, tiles that span two tokens, requests of one segment.
+std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
   std::vector<Case> cases;
   auto add = [&](Case c) {
     c.q_dtype = q_dtype;
     c.kv_dtype = kFp8;
-    c.seed = (q_dtype == kFp8 ? 4100 : 4200) + cases.size();
+    c.seed = (tiles ? 4500 : q_dtype == kFp8 ? 4100 : 4200) + cases.size();
     cases.push_back(deepseek(c));
-    return &cases.back();
   };
-  const int page_sizes[] = {16, 64, 256, 32};
+  using Shape = std::pair<int, int>;  // H, q_len
+  const std::vector<Shape> shapes =
+      tiles ? std::vector<Shape>{{128, 1}, {128, 2}, {64, 1}, {40, 2},
+                                 {20, 4},  {16, 4},  {3, 16}, {128, 4}}
+            : std::vector<Shape>{{1, 1}, {1, 2}, {1, 16}, {3, 1}, {3, 4}, {16, 1}, {16, 2}, {8, 4}};
+  const int page_sizes[2][4] = {{16, 64, 256, 32}, {64, 16, 256, 32}};
   int n = 0;
-  for (auto [H, q_len] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{1, 16}, std::pair{3, 1},
-                          std::pair{3, 4}, std::pair{16, 1}, std::pair{16, 2}, std::pair{8, 4}}) {
+  for (auto [H, q_len] : shapes) {
     Case c;
     c.B = 4;
     c.H = H;
     c.q_len = q_len;
-    c.page_size = page_sizes[n % 4];
+    c.page_size = page_sizes[tiles ? 1 : 0][n % 4];
     c.seq_lens = {n % 2 ? 16001 : 700, 0, q_len, 65};
     if (n % 3 == 2 && q_dtype == kFp8) c.out_dtype = kFp16;
     c.lse = n % 4 != 3;
@@ -1036,33 +1042,34 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype) {
   }
   Case c;
   c.B = 3;
-  c.H = 16;
-  c.ragged_q_lens = {2, 1, 2};
+  c.H = tiles ? 64 : 16;
+  c.ragged_q_lens = tiles ? std::vector<int>{2, 1, 3} : std::vector<int>{2, 1, 2};
   c.max_q_len_hint = true;  // without it the route assumes 5 tokens a request: the seesaw kernel
   c.seq_lens = {900, 2, 64};
   c.page_size = 64;
   c.sinks = true;
   add(c);
+  if (tiles) c.H = 40;  // tiles that span tokens
   c.ragged_q_lens = {1, 2, 0};
   c.sinks = false;
   c.scale_tensors = true;
   add(c);
   c = Case();
   c.B = 3;
-  c.H = 8;
+  c.H = tiles ? 20 : 8;
   c.q_len = 4;
   c.mask = Mask::kU32;
   c.seq_lens = {1000, 4, 130};
   c.page_size = 16;
   add(c);
-  c.H = 16;
+  c.H = tiles ? 128 : 16;
   c.q_len = 2;
   c.mask = Mask::kU16;
-  c.strided = q_dtype != kFp8;  // padded e4m3 query rows are not 16-byte multiples: SIMT
+  c.strided = !tiles && q_dtype != kFp8;  // padded e4m3 query rows are not 16-byte multiples: SIMT
   add(c);
   c = Case();
   c.B = 2;
-  c.H = 16;
+  c.H = tiles ? 128 : 16;
   c.seq_lens = {3000, 129};
   c.page_size = 64;
   c.kv4d = true;
@@ -1075,16 +1082,48 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype) {
   add(c);
   c = Case();
   c.B = 40;
-  c.H = 16;
+  c.H = tiles ? 64 : 16;
   c.q_len = 2;
   c.page_size = 64;
   {
-    mla_test::Rng rng(41);
+    mla_test::Rng rng(tiles ? 45 : 41);
     for (int b = 0; b < c.B; ++b) c.seq_lens.push_back(rng.randint(0, 5000));
   }
   c.seq_lens[1] = 1;
   c.seq_lens[2] = 64;
   add(c);
+  if (tiles) {
+    c = Case();
+    c.B = 2;  // requests of one segment each: out and lse without the combine's partials
+    c.H = 128;
+    c.q_len = 2;
+    c.page_size = 64;
+    c.seq_lens = {50, 3};
+    c.sinks = true;
+    add(c);
+  }
+  return cases;
+}
+
+// An e4m3 query over an e4m3 cache on the seesaw kernel's direct split (a call of one request),
+// which widens the blocks in shared memory: several runs and the combine, and one run (out and
+// lse without the combine).
+std::vector<Case> fp8_widened_cases() {
+  std::vector<Case> cases;
+  Case c;
+  c.B = 1;
+  c.H = 128;
+  c.page_size = 64;
+  c.seq_lens = {20000};
+  c.q_dtype = kFp8;
+  c.kv_dtype = kFp8;
+  c.seed = 4600;
+  cases.push_back(deepseek(c));
+  c.q_len = 2;
+  c.seq_lens = {50};
+  c.sinks = true;
+  c.seed = 4601;
+  cases.push_back(deepseek(c));
   return cases;
 }
 
@@ -1139,6 +1178,10 @@ INSTANTIATE_TEST_SUITE_P(FewRows, Sm90Decode, ::testing::ValuesIn(few_rows_cases
 INSTANTIATE_TEST_SUITE_P(Fp8Mma, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kFp8)),
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Fp8Regs, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kBf16)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8MmaTiles, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kFp8, true)),
+                         param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8Widened, Sm90Decode, ::testing::ValuesIn(fp8_widened_cases()),
                          param_name);
 
 // A bf16 query over an e4m3 cache runs fp16 GEMMs over each query row scaled by a power of two
@@ -1196,6 +1239,21 @@ TEST(Sm90DecodeFp8Direct, RoutesReadTheCacheAsItLands) {
     const Route route = route_on_device(call.params);
     EXPECT_EQ(route.kernel, Kernel::kFewRows) << case_name(c);
     EXPECT_TRUE(route.fp8_direct) << case_name(c);
+  }
+  for (const Case& c : fp8_direct_cases(kFp8, true)) {
+    std::unique_ptr<Built> b = build(c);
+    DeviceCall call(*b);
+    const Route route = route_on_device(call.params);
+    EXPECT_EQ(route.kernel, Kernel::kSeesaw) << case_name(c);
+    EXPECT_TRUE(route.fp8_direct) << case_name(c);
+  }
+  for (const Case& c : fp8_widened_cases()) {
+    std::unique_ptr<Built> b = build(c);
+    DeviceCall call(*b);
+    const Route route = route_on_device(call.params);
+    EXPECT_EQ(route.kernel, Kernel::kSeesaw) << case_name(c);
+    EXPECT_TRUE(route.layout.direct) << case_name(c);
+    EXPECT_FALSE(route.fp8_direct) << case_name(c);
   }
 }
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),

@@ -204,11 +204,15 @@ TEST(Sm90Route, Table) {
        "few_rows schedule parts=132 rows=32 combine"},
       {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
        "seesaw schedule parts=26 tiles=5 clean combine"},
-      // fp8 caches: the same kernels (widened in shared memory), never paired.
+      // fp8 caches: the same grids and schedules, never paired; an e4m3 query over an e4m3 cache
+      // on the FP8 tensor cores (the few-rows kernel's tiles), a bf16 query widened in shared
+      // memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 tiles=2 combine"},
+       "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
       {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 tiles=2 combine"},
+       "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+      {"fp8, one request: the direct split, widened", dense(1, 128, 1).dtypes(kFp8, kFp8),
+       "seesaw splits=64 direct tiles=2 combine"},
       {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8),
        "seesaw schedule parts=66 tiles=2 combine"},
       {"fp8 cache, q_len 4: unpaired", dense(8, 128, 4).dtypes(kBf16, kFp8),
@@ -415,16 +419,23 @@ TEST(Sm90Route, Fp8DirectSwitch) {
   expect_routes({{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
                   "few_rows schedule parts=132 rows=32 combine"},
                  {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
-                  "few_rows schedule parts=132 rows=16 combine"}},
+                  "few_rows schedule parts=132 rows=16 combine"},
+                 {"fp8 query and cache, H 128: the seesaw kernel, widened",
+                  dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 tiles=2 combine"}},
                 sw);
-  expect_routes({{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
-                  "few_rows schedule parts=132 rows=32 fp8_direct combine"},
-                 {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
-                  "few_rows schedule parts=132 rows=16 fp8_direct combine"},
-                 {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
-                  "few_rows splits=4 rows=16 sparse combine"},
-                 {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
-                  "few_rows schedule parts=132 rows=16 combine"}});
+  expect_routes(
+      {{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
+        "few_rows schedule parts=132 rows=32 fp8_direct combine"},
+       {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct combine"},
+       {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
+        "few_rows splits=4 rows=16 sparse combine"},
+       {"fp8 query and cache, H 128: the few-rows kernel's tiles",
+        dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+       {"sparse, H 128: gathered and widened", dense(8, 128, 1).sparse(512).dtypes(kFp8, kFp8),
+        "seesaw splits=8 tiles=2 sparse combine"},
+       {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
+        "few_rows schedule parts=132 rows=16 combine"}});
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

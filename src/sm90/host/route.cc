@@ -307,6 +307,14 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
              p.kv_dtype != dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
+    // An e4m3 query over an e4m3 cache on the balanced schedule: the few-rows kernel's FP8 GEMMs
+    // on this grid, each consumer warpgroup taking 32 rows of a tile over every block
+    // (docs/sm90-fp8.md); it keeps non-finite draft keys from the rows that do not attend them
+    // itself (the clean flag is moot there). NOTE: not on the direct split, where each CTA's
+    // few blocks leave the tiles' longer per-block chain exposed (B1 s8192 H128 30.0 us against
+    // 23.5 widened, s65536 60.0 against 57.5: docs/perf-notes.md).
+    r.fp8_direct = sw.fp8_direct && r.layout.scheduled && p.q_dtype == dtype::kFloat8E4M3 &&
+                   p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
   } else {
     r.kernel = Kernel::kSimt;
   }
