@@ -490,7 +490,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // Stage of the block and its phase: 16-bit rings, stage cw (used: its blocks so far); e4m3
       // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1); kTiled,
       // stage it % 4 (used: the four stages' parities, bits 0..3, as the producer's).
-      const int stage = kTiled ? it & 3 : kStages == 2 ? cw : cw + 2 * (round & 1);
+      // NOTE: broadcast from lane 0 (as cutlass::canonical_warp_group_idx does), so that the
+      // compiler knows the stage is warp-uniform and builds its GMMA descriptors in uniform
+      // registers (from `it`, ~8 R2UR and moves came before every chunk's wgmmas).
+      const int stage =
+          __shfl_sync(0xffffffffu, kTiled ? it & 3 : kStages == 2 ? cw : cw + 2 * (round & 1), 0);
       const uint32_t phase = kTiled         ? ((used >> stage) + (it >> 2)) & 1
                              : kStages == 2 ? (used + round) & 1
                                             : ((used >> (round & 1)) + (round >> 1)) & 1;

@@ -181,10 +181,10 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
     // NOTE: kPair: the other CTA's arrivals too. Its consumers' last reads were wgmma operand
     // reads, which their wait_group completed before the arrive; acquire at CTA scope (CUTLASS's
     // cluster pipelines do the same) keeps ptxas from invalidating L1 after every wait.
-    mbar_wait(&smem.empty_l[stage], phase ^ 1);
+    mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
 #pragma unroll
     for (int c = 0; c < Traits::kLeftChunks; ++c) load_chunk(c);
-    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+    mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll
     for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) load_chunk(c);
   }

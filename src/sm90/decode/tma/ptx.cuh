@@ -51,6 +51,28 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
+// The same with a suspend-time hint (10 ms, as CUTLASS's barriers): the thread sleeps until the
+// phase completes (or the hint passes, then tries again) instead of spinning. For waits that are
+// long and off the critical path: the producer's waits for a stage to be released, whose spinning
+// took ~700 issue slots per block from its scheduler's consumer warps (docs/perf-notes.md, Tiles
+// of the seesaw kernel's calls).
+__device__ __forceinline__ void mbar_wait_suspend(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  constexpr uint32_t kSuspendNs = 0x989680;
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity), "r"(kSuspendNs)
+        : "memory");
+  } while (!done);
+}
+
 // Whether the phase of parity `parity` of the barrier has completed (does not wait).
 __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
   uint32_t done;
