@@ -493,8 +493,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // NOTE: broadcast from lane 0 (as cutlass::canonical_warp_group_idx does), so that the
       // compiler knows the stage is warp-uniform and builds its GMMA descriptors in uniform
       // registers (from `it`, ~8 R2UR and moves came before every chunk's wgmmas).
-      const int stage =
-          __shfl_sync(0xffffffffu, kTiled ? it & 3 : kStages == 2 ? cw : cw + 2 * (round & 1), 0);
+      const int stage = __shfl_sync(0xffffffffu,
+                                    kTiled         ? it & 3
+                                    : kStages == 2 ? cw
+                                                   : cw + 2 * (round & 1),
+                                    0);
       const uint32_t phase = kTiled         ? ((used >> stage) + (it >> 2)) & 1
                              : kStages == 2 ? (used + round) & 1
                                             : ((used >> (round & 1)) + (round >> 1)) & 1;
@@ -512,7 +515,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // each, every one started from zero, and added in fp32 (the error model:
           // docs/sm90-fp8.md, Precision): the first into S itself, the next two issued before the
           // previous one is added. (Partials of one chunk each cost the tiles of the seesaw
-          // kernel's calls ~800 more FADD per block, ~9% of their instructions.)
+          // kernel's calls ~900 more FADD per block, ~10% of their instructions and 3.7% of their
+          // time: docs/perf-notes.md.)
           auto issue = [&](int c0, auto& t) {
             warpgroup_fence_operand(t);
             CUTE_UNROLL
@@ -879,8 +883,6 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // NOTE: this barrier (both consumer warpgroups) orders the sum and final_max stores above
       // before the reads below, and the next one the out_row and out_scale stores before theirs;
       // the next segment writes them again only after the barriers of its query tile's load.
-      // racecheck does not credit partial-count named barriers (docs/sm90-few-rows.md,
-      // Sanitizers).
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
       const int tile_rows_end = seg.tile_rows;
       const bool whole = seg.w.whole;
