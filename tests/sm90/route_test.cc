@@ -31,6 +31,7 @@ const DataType kBf16 = dt::kBFloat16, kFp16 = dt::kFloat16, kFp8 = dt::kFloat8E4
 
 int clusters_66(mla::sm90::Elem) { return 66; }
 int clusters_10(mla::sm90::Elem) { return 10; }
+int clusters_0(mla::sm90::Elem) { return 0; }
 const DeviceFacts kHopper{132, &clusters_66};
 
 // One call's shapes: dense queries [B, q_len, H, L + R] unless `ragged` lists each request's query
@@ -293,8 +294,15 @@ TEST(Sm90Route, SparseShapes) {
        "seesaw splits=2 tiles=2 sparse combine"},
       {"fp16, H128", dense(4, 128, 1).sparse(2048).dtypes(kFp16, kFp16),
        "seesaw splits=16 tiles=2 sparse combine"},
-      {"fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
-       "seesaw splits=16 tiles=2 sparse combine"},
+      {"fp8_ds_mla, H128: the two tiles gather as a pair",
+       dense(4, 128, 1).sparse(2048).fp8_ds_mla(), "seesaw splits=16 tiles=2 pair sparse combine"},
+      {"fp8 cache, H96: a pair with a partial second tile",
+       dense(2, 96, 2).sparse(128).dtypes(kBf16, kFp8),
+       "seesaw splits=2 tiles=2 pair sparse combine"},
+      {"fp8 query and cache, B128 q2 H128: a pair, a split per token",
+       dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8), "seesaw splits=1 tiles=2 pair sparse"},
+      {"fp8_ds_mla, H64: one tile, unpaired", dense(4, 64, 1).sparse(2048).fp8_ds_mla(),
+       "seesaw splits=32 tiles=1 sparse combine"},
       {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
        "seesaw splits=2 tiles=1 sparse combine"},
   });
@@ -388,7 +396,17 @@ TEST(Sm90Route, PairSwitch) {
                  {"the direct split", dense(1, 128, 4), "seesaw splits=16 direct tiles=8 combine"}},
                 sw);
   sw.pair = 0;
-  expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"}}, sw);
+  expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"},
+                 {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+                  "seesaw splits=16 tiles=2 sparse combine"}},
+                sw);
+}
+
+// Sparse pairs need the device to run clusters of two at all (any number of waves).
+TEST(Sm90Route, SparsePairsNeedClusters) {
+  expect_routes({{"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+                  "seesaw splits=16 tiles=2 sparse combine"}},
+                Switches(), DeviceFacts{132, &clusters_0});
 }
 
 TEST(Sm90Route, DirectSplitSwitch) {
@@ -432,8 +450,9 @@ TEST(Sm90Route, Fp8DirectSwitch) {
         "few_rows splits=4 rows=16 sparse combine"},
        {"fp8 query and cache, H 128: the few-rows kernel's tiles",
         dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
-       {"sparse, H 128: gathered and widened", dense(8, 128, 1).sparse(512).dtypes(kFp8, kFp8),
-        "seesaw splits=8 tiles=2 sparse combine"},
+       {"sparse, H 128: gathered and widened by a pair",
+        dense(8, 128, 1).sparse(512).dtypes(kFp8, kFp8),
+        "seesaw splits=8 tiles=2 pair sparse combine"},
        {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
         "few_rows schedule parts=132 rows=16 combine"}});
 }

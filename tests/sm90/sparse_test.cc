@@ -126,6 +126,12 @@ void expect_route(const Route& r, const SparseCase& s) {
     EXPECT_EQ(r.few_rows, s.c.H <= 16 ? 16 : 32);
   } else if (s.kernel == Kernel::kSeesaw) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);
+    // The two tiles of a token over e4m3 rows gather as a pair (docs/sm90-sparse.md, Pairs)
+    // unless MLA_SM90_PAIR=0.
+    const char* pair = std::getenv("MLA_SM90_PAIR");
+    const bool unpaired = pair != nullptr && std::string(pair) == "0";
+    const bool e4m3_rows = s.ds_mla || s.c.kv_dtype == kFp8;
+    EXPECT_EQ(r.pair, r.tiles == 2 && e4m3_rows && !unpaired) << "pair";
   }
   EXPECT_GE(r.layout.splits, s.min_splits);
   if (s.ordered) {
@@ -175,6 +181,10 @@ std::vector<SparseCase> block_cases() {
   add(sparse(3, 16, 1, 64, {100, 64, 63}, 1));
   add(sparse(4, 8, 2, 128, {300, 129, 128, 127}, 1));
   add(sparse(2, 128, 2, 128, {1000, 130}, 16))->min_splits = 2;
+  // The pair's gather (e4m3 rows, two tiles): splits of many blocks, one block, partial blocks.
+  add(with_format(sparse(2, 128, 1, 2048, {2048, 5000}, 64), Format::kDsMla))->min_splits = 2;
+  add(with_format(sparse(3, 128, 1, 64, {100, 64, 63}, 16), Format::kFp8));
+  add(with_format(sparse(3, 96, 2, 128, {1000, 129, 127}, 1), Format::kBf16Fp8));
   return cases;
 }
 

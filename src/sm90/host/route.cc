@@ -291,6 +291,13 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;
     r.tiles = static_cast<int>(ceil_div(p.num_heads, tma::kTileRows));  // per token
+    // The two tiles of a token over e4m3 rows (per-tensor fp8, fp8_ds_mla) run as a cluster of
+    // two whose producers each gather and widen half of every block's rows for both CTAs
+    // (tma::gather_pair_blocks; docs/sm90-sparse.md, Pairs). Any number of waves: the sparse grid
+    // assumes none, but the device must run clusters of two at all.
+    const bool e4m3_rows = p.kv_format == KvFormat::kFp8DsMla || p.kv_dtype == dtype::kFloat8E4M3;
+    r.pair =
+        r.tiles == 2 && e4m3_rows && sw.pair != 0 && device.pair_clusters(tma_elem(p.q_dtype)) > 0;
   } else if (r.layout.scheduled || r.layout.direct) {
     r.kernel = Kernel::kSeesaw;
     r.tiles = static_cast<int>(tiles_of(p));

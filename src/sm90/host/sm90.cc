@@ -342,7 +342,7 @@ template <Elem Q, Elem KV>
 cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cudaStream_t stream,
                              bool pdl) {
   if (route.kernel == Kernel::kSeesaw) {
-    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, stream, pdl);
+    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, stream, pdl);
   }
   return route.few_rows == 16 ? few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl)
                               : few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl);

@@ -29,7 +29,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 // with one split), the blocks gathered by index (tma/gather.cuh); one explicit instantiation per
 // (query, kv_cache) pair of tma::Formats, fp8_ds_mla included.
 template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles,
+cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
                                  cudaStream_t stream, bool pdl);
 
 // Clusters of two CTAs of the paired kernel that the current device holds at once (read once per

@@ -123,16 +123,20 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<kSparse, tma::SparseCursor,
                                     std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
-  static_assert(!kSparse || !(kDirect || kPair || kClean), "sparse calls: their own cursor");
+  static_assert(!kSparse || !(kDirect || kClean), "sparse calls: their own cursor");
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
-  static_assert(!(kGather && kPair), "gathered blocks run unpaired");
-  // The producer warpgroup's registers: 56 where it widens or gathers.
+  // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_pair_blocks).
+  constexpr bool kGatherPair = kGather && kPair;
+  static_assert(!kGatherPair || (kSparse && tma::GatherFormat<KV>::kE4m3),
+                "gathered blocks run paired only on sparse calls over e4m3 rows");
+  // The producer warpgroup's registers: 56 where it widens or gathers, 88 where it holds a block
+  // ahead in registers (the pair's gather).
   constexpr bool kWideProducer = F::kFp8Cache || kGather;
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
-  static_assert(!(F::kFp8Cache && kPair), "fp8 caches run unpaired");
+  static_assert(!(F::kFp8Cache && kPair) || kGatherPair, "fp8 caches run unpaired (dense)");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
 
@@ -143,7 +147,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (kGather) {
+  if constexpr (kGatherPair) {
+    tma::init_gather_pair_barriers<Traits>(smem);
+  } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
     tma::init_ring_barriers<Traits, kPair, F::kFp8Cache>(smem, issuers);
@@ -159,8 +165,16 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
-    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer>::kProducer>();
-    if constexpr (kGather) {
+    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kProducer>();
+    if constexpr (kGatherPair) {
+      uint32_t used0, used1;
+      tma::walk_segments<Cursor>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::gather_pair_blocks<Traits, KV>(p, w, smem, threadIdx.x, u0, u1, rank);
+          });
+      tma::drain_pair_ring<Traits>(smem, used0, used1);
+      return;
+    } else if constexpr (kGather) {
       uint32_t used0, used1;
       tma::walk_segments<Cursor>(
           p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
@@ -199,7 +213,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer>::kConsumer>();
+  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kConsumer>();
   const int cw = wg - 1;                    // consumer index: its block parity and O half
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
@@ -854,17 +868,23 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 }
 
 template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles,
+cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
                                  cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, true>>;
   constexpr size_t smem = Traits::kSmemBytes;
+  // Pairs: the two tiles of a token over e4m3 rows (tma::gather_pair_blocks).
+  constexpr bool kPairs = tma::GatherFormat<KV>::kE4m3;
+  if (pair && (!kPairs || num_tiles != 2)) return cudaErrorInvalidValue;  // none built
   auto* kernel = &seesaw_kernel<Q, KV, false, false, false, true>;
+  if constexpr (kPairs) {
+    if (pair) kernel = &seesaw_kernel<Q, KV, false, true, false, true>;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, params.num_tokens, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
-  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, 1u, params,
-                            unused);
+  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
+                            params, unused);
 }
 
 }  // namespace mla::sm90::seesaw

@@ -152,12 +152,17 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
 
 // The register split of the TMA kernels' warpgroups with an fp8 cache: a widening lane holds
 // eight pieces in flight, which 40 registers do not hold; the consumers keep 224, which their code
-// fits without spills.
-template <typename Traits, bool kFp8Cache>
+// fits without spills. kAhead (the pair's gather, gather.cuh): a producer lane holds the next
+// block's 176 bytes of its row (fp8_ds_mla: and the row's scales) in flight (88); the consumers'
+// 208 still fit without spills (at 200 ptxas spilled and serialized the wgmma).
+// NOTE: setmaxnreg moves registers only within what the CTA got at launch: 384 threads at 168
+// registers each (__launch_bounds__), so the three warpgroups' counts may add up to 3 x 168, not
+// to the whole register file (an increase beyond that never returns).
+template <typename Traits, bool kFp8Cache, bool kAhead = false>
 struct RegisterSplit {
-  static constexpr uint32_t kProducer = kFp8Cache ? 56 : Traits::kProducerRegs;
-  static constexpr uint32_t kConsumer = kFp8Cache ? 224 : Traits::kConsumerRegs;
-  static_assert(kProducer * 128 + kConsumer * 256 <= 65536, "register file");
+  static constexpr uint32_t kProducer = kAhead ? 88 : kFp8Cache ? 56 : Traits::kProducerRegs;
+  static constexpr uint32_t kConsumer = kAhead ? 208 : kFp8Cache ? 224 : Traits::kConsumerRegs;
+  static_assert(kProducer + 2 * kConsumer <= 3 * 168, "registers the CTA holds at launch");
 };
 
 }  // namespace mla::sm90::tma

@@ -362,4 +362,185 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   }
 }
 
+// ---- e4m3 rows of a pair (docs/sm90-sparse.md, Pairs) ----
+// The two tiles of a sparse token with more than 64 heads run as a cluster of two CTAs that read
+// the same blocks. Rank r gathers rows 32 r .. 32 r + 31 of every block: plain 16-byte global
+// loads into registers, issued one block ahead (a stage's release does not wait on a DRAM round
+// trip), widened there and stored into both CTAs' stages: its own with st.shared, the other's with
+// st.async, which completes that CTA's full barrier by bytes. Each row crosses from L2 once and
+// each CTA's producer widens half the rows.
+
+// The pair's ring barriers: full[s][c] completes on one arrive per local producer warp (warp 0's
+// expects the other CTA's 4 KB of the chunk) and those bytes; a stage is refilled once the consumer
+// warps of both CTAs have released it (8 arrivals).
+template <typename Traits>
+__device__ __forceinline__ void init_gather_pair_barriers(typename Traits::SharedMemoryPlan& smem) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Traits::kStages; ++s) {
+      for (int c = 0; c < Traits::kChunks; ++c) mbar_init(&smem.full[s][c], 4);
+      mbar_init(&smem.empty_l[s], 8);
+      mbar_init(&smem.empty_r[s], 8);
+    }
+    fence_mbar_init();
+  }
+  // NOTE: the other CTA's st.async bytes and releases reach these barriers from here on.
+  cluster_sync_relaxed();
+}
+
+// Gathers rank `rank`'s half of the run's blocks into both CTAs' stages, block `it` into stage
+// it % 2 (phases from used0 and used1 as in produce_chunks); `tid` 0..127 over the producer
+// warpgroup. Lane l of warp w holds row 32 rank + 8 w + l % 8 of each block and the 16-byte
+// pieces l / 8 of its 64-byte e4m3 chunk rows (columns 16 (l / 8) .. + 15 of every chunk), which
+// widen to 16-byte units 2 (l / 8) and 2 (l / 8) + 1 of the chunk's 128-byte row. Keys past
+// w.extent and entries of -1 land as zeros.
+// NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is stored in both
+// CTAs before anything waits for block it's stage, and the loads ahead wait for nothing.
+template <typename Traits, Elem KV>
+__device__ __forceinline__ void gather_pair_blocks(const DecodeKernelParams& p, const TileWork& w,
+                                                   typename Traits::SharedMemoryPlan& smem, int tid,
+                                                   uint32_t used0, uint32_t used1, uint32_t rank) {
+  using G = GatherFormat<KV>;
+  static_assert(G::kE4m3, "pairs gather e4m3 rows");
+  static_assert(Traits::kStages == 2 && Traits::kKeys == 64 && Traits::kChunks == 9,
+                "two stages of 64 keys x 9 chunks of 64 columns");
+  using T16 =
+      std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
+  static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
+  constexpr int kKeys = Traits::kKeys;
+  constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
+  constexpr uint32_t kStageBytes = sizeof(smem.k[0]);
+  constexpr uint32_t kPeerChunkBytes = 32 * 128;  // the other CTA's rows of a chunk
+  const int warp = tid >> 5, lane = tid & 31;
+  const int q = lane >> 3;
+  const int phase_row = lane & 7;  // the row's swizzle phase (row % 8)
+  const int row = 32 * static_cast<int>(rank) + 8 * warp + phase_row;
+  const int peer_row = row ^ 32;  // its entry goes to slot[] too (lanes of q 1)
+  const int num_blocks = w.block_end - w.block_begin;
+  const GatherDims dims = gather_dims(p);
+  auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
+  // This thread's two 16-byte units in a chunk region.
+  const uint32_t off_lo = row * 128 + (((2 * q) ^ phase_row) << 4);
+  const uint32_t off_hi = row * 128 + (((2 * q + 1) ^ phase_row) << 4);
+  uint8_t* const k_local = reinterpret_cast<uint8_t*>(smem.k[0]);
+  const uint32_t k_peer = cluster_addr(smem.k[0], rank ^ 1);
+  const uint32_t full_peer = cluster_addr(&smem.full[0][0], rank ^ 1);
+
+  // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
+  auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
+  auto block_entries = [&](int it, int& own, int& peer) {
+    const int key0 = (w.block_begin + it) * kKeys;
+    own = it < num_blocks ? entry(key0 + row) : -1;
+    peer = it < num_blocks && q == 1 ? entry(key0 + peer_row) : -1;
+  };
+
+  uint4 left[4];   // chunks 0..3 of the next block's row, as loaded
+  uint4 right[4];  // chunks 4..7
+  uint4 rope[2];   // fp8_ds_mla: its bf16 units 2q, 2q + 1 of the rope; per-tensor fp8: rope[0]
+  float4 scale = make_float4(0.f, 0.f, 0.f, 0.f);  // fp8_ds_mla: the row's group scales
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  auto load_left = [&](int e) {
+    const uint8_t* src = e >= 0 ? row_at(p, slot_row16(p, e, 1)) + 16 * q : nullptr;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) left[c] = src != nullptr ? ld_global_nc_16(src + 64 * c) : zero;
+  };
+  auto load_right = [&](int e) {
+    const uint8_t* base = e >= 0 ? row_at(p, slot_row16(p, e, 1)) : nullptr;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      right[c] =
+          base != nullptr && dims.upper ? ld_global_nc_16(base + 64 * (c + 4) + 16 * q) : zero;
+    }
+    if constexpr (G::kDsMla) {
+      // The row's four group scales, loaded with chunks 4..7: the previous block's chunks 4..7,
+      // the last to use the previous scales, are stored by then.
+      scale = base != nullptr ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+      rope[0] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q) : zero;
+      rope[1] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
+    } else {
+      rope[0] =
+          base != nullptr && dims.rope ? ld_global_nc_16(base + dims.rope_col + 16 * q) : zero;
+    }
+  };
+  // Stores units (lo, hi) of chunk c of `stage` into both CTAs.
+  auto put = [&](int stage, int c, const uint4& lo, const uint4& hi) {
+    const uint32_t o = stage * kStageBytes + c * kChunkBytes;
+    *reinterpret_cast<uint4*>(k_local + o + off_lo) = lo;
+    *reinterpret_cast<uint4*>(k_local + o + off_hi) = hi;
+    const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
+    st_async_16(k_peer + o + off_lo, lo, bar);
+    st_async_16(k_peer + o + off_hi, hi, bar);
+  };
+  auto put_e4m3 = [&](int stage, int c, const uint4& v, float s) {
+    uint4 lo, hi;
+    if constexpr (G::kDsMla) {
+      widen_scaled_e4m3x16(v, s, lo, hi);
+    } else {
+      widen_e4m3x16<T16>(v, lo, hi);
+    }
+    put(stage, c, lo, hi);
+  };
+  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive
+  // (warp 0's carries the other CTA's bytes).
+  auto arrive = [&](int stage, int c) {
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (cute::elect_one_sync()) {
+      if (warp == 0) {
+        mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
+      } else {
+        mbar_arrive(&smem.full[stage][c]);
+      }
+    }
+  };
+
+  int own = -1, peer = -1;            // block it's entries (slot[] of the consumers)
+  int own_next = -1, peer_next = -1;  // block it + 1's (its loads)
+  int own_far = -1, peer_far = -1;    // block it + 2's
+  block_entries(0, own, peer);
+  if (num_blocks > 0) {
+    load_left(own);
+    load_right(own);
+  }
+  block_entries(1, own_next, peer_next);
+#pragma unroll 1
+  for (int it = 0; it < num_blocks; ++it) {
+    const int stage = it & 1;
+    const uint32_t phase = phase_of(it);
+    block_entries(it + 2, own_far, peer_far);
+    mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
+    // The block's entries for the consumers (0 past the extent), published by chunk 0's arrive.
+    {
+      const int key0 = (w.block_begin + it) * kKeys;
+      if (q == 0) smem.slot[stage][row] = key0 + row < w.extent ? own : 0;
+      if (q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      put_e4m3(stage, c, left[c], c < 2 ? scale.x : scale.y);
+      arrive(stage, c);
+    }
+    if (it + 1 < num_blocks) load_left(own_next);
+    mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      put_e4m3(stage, c + 4, right[c], c < 2 ? scale.z : scale.w);
+      arrive(stage, c + 4);
+    }
+    if constexpr (G::kDsMla) {
+      put(stage, 8, rope[0], rope[1]);
+    } else {
+      put_e4m3(stage, 8, rope[0], 0.f);
+    }
+    arrive(stage, 8);
+    if (it + 1 < num_blocks) {
+      load_right(own_next);
+    }
+    own = own_next;
+    peer = peer_next;
+    own_next = own_far;
+    peer_next = peer_far;
+  }
+}
+
 }  // namespace mla::sm90::tma

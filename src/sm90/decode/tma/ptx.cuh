@@ -121,10 +121,37 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta)
       : "memory");
 }
 
+// The shared::cluster address of `p`'s offset in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(p)), "r"(cta));
+  return remote;
+}
+
+// Stores 16 bytes at shared::cluster address `remote` (another CTA's shared memory) and completes
+// 16 transaction bytes on the barrier at shared::cluster address `remote_bar` in the same CTA.
+// Nothing waits: the barrier's phase completes once every such store has landed.
+__device__ __forceinline__ void st_async_16(uint32_t remote, const uint4& v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];" ::"r"(remote),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+      : "memory");
+}
+
 // ---- bulk tensor copy ----
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// 16 bytes of read-only global memory, not kept in L1 (each byte is read once).
+__device__ __forceinline__ uint4 ld_global_nc_16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 
 // Brings the line of `p` into L2.
