@@ -185,6 +185,9 @@ std::vector<SparseCase> block_cases() {
   add(with_format(sparse(2, 128, 1, 2048, {2048, 5000}, 64), Format::kDsMla))->min_splits = 2;
   add(with_format(sparse(3, 128, 1, 64, {100, 64, 63}, 16), Format::kFp8));
   add(with_format(sparse(3, 96, 2, 128, {1000, 129, 127}, 1), Format::kBf16Fp8));
+  // The few-rows kernel's rows loaded ahead (e4m3 rows, 16 padded rows): splits, partial blocks.
+  add(with_format(sparse(1, 16, 1, 2048, {3000}, 64), Format::kDsMla))->min_splits = 2;
+  add(with_format(sparse(3, 8, 2, 64, {100, 64, 63}, 16), Format::kFp8));
   return cases;
 }
 

@@ -293,7 +293,7 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.tiles = static_cast<int>(ceil_div(p.num_heads, tma::kTileRows));  // per token
     // The two tiles of a token over e4m3 rows (per-tensor fp8, fp8_ds_mla) run as a cluster of
     // two whose producers each gather and widen half of every block's rows for both CTAs
-    // (tma::gather_pair_blocks; docs/sm90-sparse.md, Pairs). Any number of waves: the sparse grid
+    // (tma::gather_ahead_blocks; docs/sm90-sparse.md, Pairs). Any number of waves: the sparse grid
     // assumes none, but the device must run clusters of two at all.
     const bool e4m3_rows = p.kv_format == KvFormat::kFp8DsMla || p.kv_dtype == dtype::kFloat8E4M3;
     r.pair =

@@ -259,11 +259,17 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   constexpr bool kWideProducer = kWiden || kGather;
   using Split = tma::RegisterSplit<Traits, kWideProducer>;
   constexpr bool kRoomy = kWideProducer && !kSparse;
-  constexpr uint32_t kProducerRegs = kRoomy ? 72 : Split::kProducer;
-  constexpr uint32_t kConsumerRegs = kRoomy ? 216 : Split::kConsumer;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+  // Sparse calls of 16 rows over e4m3 rows load each block's 64 rows into registers one block
+  // ahead (tma::gather_ahead_blocks): a producer lane holds 352 bytes of two rows (136 registers;
+  // the consumers' 184 fit N 16 without spills, not N 32, which keeps the landing path).
+  constexpr bool kAhead = kSparse && tma::GatherFormat<KV>::kE4m3 && Traits::kRows == 16;
+  constexpr uint32_t kProducerRegs = kAhead ? 136 : kRoomy ? 72 : Split::kProducer;
+  constexpr uint32_t kConsumerRegs = kAhead ? 184 : kRoomy ? 216 : Split::kConsumer;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "registers the CTA holds at launch");
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (kGather) {
+  if constexpr (kAhead) {
+    tma::init_gather_ahead_barriers<Traits, false>(smem);
+  } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
     tma::init_ring_barriers<Traits, false, kWiden, kFp8Direct, kTiled ? 2 : 1>(smem, issuers);
@@ -283,7 +289,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // One segment: no walk (its state would cost the gather registers).
       const tma::TileWork w = tma::resolve_sparse_tile(p, 0);
       if (w.row0 < w.rows && w.block_begin < w.block_end) {
-        tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
+        if constexpr (kAhead) {
+          tma::gather_ahead_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0, 0);
+        } else {
+          tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
+        }
       }
       return;
     } else if constexpr (kGather) {

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   static_assert(!kSparse || !(kDirect || kClean), "sparse calls: their own cursor");
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
-  // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_pair_blocks).
+  // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_ahead_blocks).
   constexpr bool kGatherPair = kGather && kPair;
   static_assert(!kGatherPair || (kSparse && tma::GatherFormat<KV>::kE4m3),
                 "gathered blocks run paired only on sparse calls over e4m3 rows");
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
 
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kGatherPair) {
-    tma::init_gather_pair_barriers<Traits>(smem);
+    tma::init_gather_ahead_barriers<Traits, true>(smem);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       uint32_t used0, used1;
       tma::walk_segments<Cursor>(
           p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-            tma::gather_pair_blocks<Traits, KV>(p, w, smem, threadIdx.x, u0, u1, rank);
+            tma::gather_ahead_blocks<Traits, KV, true>(p, w, smem, threadIdx.x, u0, u1, rank);
           });
       tma::drain_pair_ring<Traits>(smem, used0, used1);
       return;
@@ -872,7 +872,7 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
                                  cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, true>>;
   constexpr size_t smem = Traits::kSmemBytes;
-  // Pairs: the two tiles of a token over e4m3 rows (tma::gather_pair_blocks).
+  // Pairs: the two tiles of a token over e4m3 rows (tma::gather_ahead_blocks).
   constexpr bool kPairs = tma::GatherFormat<KV>::kE4m3;
   if (pair && (!kPairs || num_tiles != 2)) return cudaErrorInvalidValue;  // none built
   auto* kernel = &seesaw_kernel<Q, KV, false, false, false, true>;

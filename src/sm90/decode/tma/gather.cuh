@@ -362,50 +362,60 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   }
 }
 
-// ---- e4m3 rows of a pair (docs/sm90-sparse.md, Pairs) ----
-// The two tiles of a sparse token with more than 64 heads run as a cluster of two CTAs that read
-// the same blocks. Rank r gathers rows 32 r .. 32 r + 31 of every block: plain 16-byte global
-// loads into registers, issued one block ahead (a stage's release does not wait on a DRAM round
-// trip), widened there and stored into both CTAs' stages: its own with st.shared, the other's with
-// st.async, which completes that CTA's full barrier by bytes. Each row crosses from L2 once and
-// each CTA's producer widens half the rows.
+// ---- e4m3 rows loaded ahead into registers (docs/sm90-sparse.md, Pairs) ----
+// Rows are plain 16-byte global loads into registers, issued one block ahead (a stage's release
+// is not followed by a DRAM round trip), widened there and stored into the stage.
+// - kPair: the two tiles of a sparse token with more than 64 heads run as a cluster of two CTAs
+//   that read the same blocks. Rank r gathers rows 32 r .. 32 r + 31 of every block and stores
+//   them into both CTAs' stages: its own with st.shared, the other's with st.async, which
+//   completes that CTA's full barrier by bytes. Each row crosses from L2 once and each CTA's
+//   producer widens half the rows.
+// - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, two row groups
+//   per lane.
 
-// The pair's ring barriers: full[s][c] completes on one arrive per local producer warp (warp 0's
-// expects the other CTA's 4 KB of the chunk) and those bytes; a stage is refilled once the consumer
-// warps of both CTAs have released it (8 arrivals).
-template <typename Traits>
-__device__ __forceinline__ void init_gather_pair_barriers(typename Traits::SharedMemoryPlan& smem) {
+// The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
+// warp (kPair: warp 0's expects the other CTA's 4 KB of the chunk, and those bytes); a stage is
+// refilled once the consumer warps (kPair: of both CTAs) have released it.
+template <typename Traits, bool kPair>
+__device__ __forceinline__ void init_gather_ahead_barriers(
+    typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) mbar_init(&smem.full[s][c], 4);
-      mbar_init(&smem.empty_l[s], 8);
-      mbar_init(&smem.empty_r[s], 8);
+      mbar_init(&smem.empty_l[s], kPair ? 8 : 4);
+      mbar_init(&smem.empty_r[s], kPair ? 8 : 4);
     }
     fence_mbar_init();
   }
-  // NOTE: the other CTA's st.async bytes and releases reach these barriers from here on.
-  cluster_sync_relaxed();
+  if constexpr (kPair) {
+    // NOTE: the other CTA's st.async bytes and releases reach these barriers from here on.
+    cluster_sync_relaxed();
+  } else {
+    __syncthreads();
+  }
 }
 
-// Gathers rank `rank`'s half of the run's blocks into both CTAs' stages, block `it` into stage
-// it % 2 (phases from used0 and used1 as in produce_chunks); `tid` 0..127 over the producer
-// warpgroup. Lane l of warp w holds row 32 rank + 8 w + l % 8 of each block and the 16-byte
-// pieces l / 8 of its 64-byte e4m3 chunk rows (columns 16 (l / 8) .. + 15 of every chunk), which
-// widen to 16-byte units 2 (l / 8) and 2 (l / 8) + 1 of the chunk's 128-byte row. Keys past
-// w.extent and entries of -1 land as zeros.
-// NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is stored in both
-// CTAs before anything waits for block it's stage, and the loads ahead wait for nothing.
-template <typename Traits, Elem KV>
-__device__ __forceinline__ void gather_pair_blocks(const DecodeKernelParams& p, const TileWork& w,
-                                                   typename Traits::SharedMemoryPlan& smem, int tid,
-                                                   uint32_t used0, uint32_t used1, uint32_t rank) {
+// Gathers the run's blocks (kPair: rank `rank`'s half of each, into both CTAs' stages), block `it`
+// into stage it % 2 (phases from used0 and used1 as in produce_chunks); `tid` 0..127 over the
+// producer warpgroup. Lane l of warp w holds row 8 w + l % 8 of each 32-row group of a block
+// (kPair: group `rank`; else both) and the 16-byte pieces l / 8 of its 64-byte e4m3 chunk rows
+// (columns 16 (l / 8) .. + 15 of every chunk), which widen to 16-byte units 2 (l / 8) and
+// 2 (l / 8) + 1 of the chunk's 128-byte row. Keys past w.extent and entries of -1 land as zeros.
+// NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is stored (in both
+// CTAs) before anything waits for block it's stage, and the loads ahead wait for nothing.
+template <typename Traits, Elem KV, bool kPair>
+__device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p, const TileWork& w,
+                                                    typename Traits::SharedMemoryPlan& smem,
+                                                    int tid, uint32_t used0, uint32_t used1,
+                                                    uint32_t rank) {
   using G = GatherFormat<KV>;
-  static_assert(G::kE4m3, "pairs gather e4m3 rows");
+  static_assert(G::kE4m3, "e4m3 rows");
   static_assert(Traits::kStages == 2 && Traits::kKeys == 64 && Traits::kChunks == 9,
                 "two stages of 64 keys x 9 chunks of 64 columns");
   using T16 =
       std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
   static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
+  constexpr int kGroups = kPair ? 1 : 2;  // 32-row groups of a block per CTA
   constexpr int kKeys = Traits::kKeys;
   constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
   constexpr uint32_t kStageBytes = sizeof(smem.k[0]);
@@ -413,80 +423,98 @@ __device__ __forceinline__ void gather_pair_blocks(const DecodeKernelParams& p, 
   const int warp = tid >> 5, lane = tid & 31;
   const int q = lane >> 3;
   const int phase_row = lane & 7;  // the row's swizzle phase (row % 8)
-  const int row = 32 * static_cast<int>(rank) + 8 * warp + phase_row;
-  const int peer_row = row ^ 32;  // its entry goes to slot[] too (lanes of q 1)
+  int row[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    row[g] = 32 * (kPair ? static_cast<int>(rank) : g) + 8 * warp + phase_row;
+  }
+  const int peer_row = row[0] ^ 32;  // kPair: its entry goes to slot[] too (lanes of q 1)
   const int num_blocks = w.block_end - w.block_begin;
   const GatherDims dims = gather_dims(p);
   auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
-  // This thread's two 16-byte units in a chunk region.
-  const uint32_t off_lo = row * 128 + (((2 * q) ^ phase_row) << 4);
-  const uint32_t off_hi = row * 128 + (((2 * q + 1) ^ phase_row) << 4);
+  // This thread's two 16-byte units in a chunk region (row group g at + 4 KB g).
+  const uint32_t off_lo = row[0] * 128 + (((2 * q) ^ phase_row) << 4);
+  const uint32_t off_hi = row[0] * 128 + (((2 * q + 1) ^ phase_row) << 4);
   uint8_t* const k_local = reinterpret_cast<uint8_t*>(smem.k[0]);
-  const uint32_t k_peer = cluster_addr(smem.k[0], rank ^ 1);
-  const uint32_t full_peer = cluster_addr(&smem.full[0][0], rank ^ 1);
+  const uint32_t k_peer = kPair ? cluster_addr(smem.k[0], rank ^ 1) : 0;
+  const uint32_t full_peer = kPair ? cluster_addr(&smem.full[0][0], rank ^ 1) : 0;
 
   // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
   auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
-  auto block_entries = [&](int it, int& own, int& peer) {
+  // Block it's entries of this lane's rows (own[g]) and, kPair, of its row in the other half.
+  auto block_entries = [&](int it, int(&own)[kGroups], int& peer) {
     const int key0 = (w.block_begin + it) * kKeys;
-    own = it < num_blocks ? entry(key0 + row) : -1;
-    peer = it < num_blocks && q == 1 ? entry(key0 + peer_row) : -1;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) own[g] = it < num_blocks ? entry(key0 + row[g]) : -1;
+    peer = kPair && it < num_blocks && q == 1 ? entry(key0 + peer_row) : -1;
   };
 
-  uint4 left[4];   // chunks 0..3 of the next block's row, as loaded
-  uint4 right[4];  // chunks 4..7
-  uint4 rope[2];   // fp8_ds_mla: its bf16 units 2q, 2q + 1 of the rope; per-tensor fp8: rope[0]
-  float4 scale = make_float4(0.f, 0.f, 0.f, 0.f);  // fp8_ds_mla: the row's group scales
+  uint4 left[kGroups][4];   // chunks 0..3 of the next block's rows, as loaded
+  uint4 right[kGroups][4];  // chunks 4..7
+  uint4 rope[kGroups][2];   // fp8_ds_mla: its bf16 units 2q, 2q + 1 of the rope; fp8: rope[g][0]
+  float4 scale[kGroups];    // fp8_ds_mla: the rows' group scales
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  auto load_left = [&](int e) {
-    const uint8_t* src = e >= 0 ? row_at(p, slot_row16(p, e, 1)) + 16 * q : nullptr;
+  auto load_left = [&](const int(&e)[kGroups]) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) left[c] = src != nullptr ? ld_global_nc_16(src + 64 * c) : zero;
-  };
-  auto load_right = [&](int e) {
-    const uint8_t* base = e >= 0 ? row_at(p, slot_row16(p, e, 1)) : nullptr;
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t* src = e[g] >= 0 ? row_at(p, slot_row16(p, e[g], 1)) + 16 * q : nullptr;
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      right[c] =
-          base != nullptr && dims.upper ? ld_global_nc_16(base + 64 * (c + 4) + 16 * q) : zero;
-    }
-    if constexpr (G::kDsMla) {
-      // The row's four group scales, loaded with chunks 4..7: the previous block's chunks 4..7,
-      // the last to use the previous scales, are stored by then.
-      scale = base != nullptr ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-      rope[0] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q) : zero;
-      rope[1] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
-    } else {
-      rope[0] =
-          base != nullptr && dims.rope ? ld_global_nc_16(base + dims.rope_col + 16 * q) : zero;
+      for (int c = 0; c < 4; ++c) {
+        left[g][c] = src != nullptr ? ld_global_nc_16(src + 64 * c) : zero;
+      }
     }
   };
-  // Stores units (lo, hi) of chunk c of `stage` into both CTAs.
-  auto put = [&](int stage, int c, const uint4& lo, const uint4& hi) {
-    const uint32_t o = stage * kStageBytes + c * kChunkBytes;
+  auto load_right = [&](const int(&e)[kGroups]) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const uint8_t* base = e[g] >= 0 ? row_at(p, slot_row16(p, e[g], 1)) : nullptr;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        right[g][c] =
+            base != nullptr && dims.upper ? ld_global_nc_16(base + 64 * (c + 4) + 16 * q) : zero;
+      }
+      if constexpr (G::kDsMla) {
+        // The row's four group scales, loaded with chunks 4..7: the previous block's chunks
+        // 4..7, the last to use the previous scales, are stored by then.
+        scale[g] = base != nullptr
+                       ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
+                       : make_float4(0.f, 0.f, 0.f, 0.f);
+        rope[g][0] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q) : zero;
+        rope[g][1] =
+            base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
+      } else {
+        rope[g][0] =
+            base != nullptr && dims.rope ? ld_global_nc_16(base + dims.rope_col + 16 * q) : zero;
+      }
+    }
+  };
+  // Stores units (lo, hi) of row group g of chunk c of `stage` (kPair: into both CTAs).
+  auto put = [&](int stage, int c, int g, const uint4& lo, const uint4& hi) {
+    const uint32_t o = stage * kStageBytes + c * kChunkBytes + g * 32 * 128;
     *reinterpret_cast<uint4*>(k_local + o + off_lo) = lo;
     *reinterpret_cast<uint4*>(k_local + o + off_hi) = hi;
-    const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
-    st_async_16(k_peer + o + off_lo, lo, bar);
-    st_async_16(k_peer + o + off_hi, hi, bar);
+    if constexpr (kPair) {
+      const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
+      st_async_16(k_peer + o + off_lo, lo, bar);
+      st_async_16(k_peer + o + off_hi, hi, bar);
+    }
   };
-  auto put_e4m3 = [&](int stage, int c, const uint4& v, float s) {
+  auto put_e4m3 = [&](int stage, int c, int g, const uint4& v, float s) {
     uint4 lo, hi;
     if constexpr (G::kDsMla) {
       widen_scaled_e4m3x16(v, s, lo, hi);
     } else {
       widen_e4m3x16<T16>(v, lo, hi);
     }
-    put(stage, c, lo, hi);
+    put(stage, c, g, lo, hi);
   };
-  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive
-  // (warp 0's carries the other CTA's bytes).
+  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive from
+  // lane 0 (kPair: warp 0's carries the other CTA's bytes).
   auto arrive = [&](int stage, int c) {
     fence_proxy_async_smem();
     __syncwarp();
-    if (cute::elect_one_sync()) {
-      if (warp == 0) {
+    if (lane == 0) {
+      if (kPair && warp == 0) {
         mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
       } else {
         mbar_arrive(&smem.full[stage][c]);
@@ -494,9 +522,8 @@ __device__ __forceinline__ void gather_pair_blocks(const DecodeKernelParams& p, 
     }
   };
 
-  int own = -1, peer = -1;            // block it's entries (slot[] of the consumers)
-  int own_next = -1, peer_next = -1;  // block it + 1's (its loads)
-  int own_far = -1, peer_far = -1;    // block it + 2's
+  int own[kGroups], own_next[kGroups], own_far[kGroups];  // blocks it, it + 1, it + 2
+  int peer = -1, peer_next = -1, peer_far = -1;
   block_entries(0, own, peer);
   if (num_blocks > 0) {
     load_left(own);
@@ -509,36 +536,61 @@ __device__ __forceinline__ void gather_pair_blocks(const DecodeKernelParams& p, 
     const uint32_t phase = phase_of(it);
     block_entries(it + 2, own_far, peer_far);
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
-    // The block's entries for the consumers (0 past the extent), published by chunk 0's arrive.
+    // The block's entries for the consumers (0 past the extent): lane 0 writes its warp's rows,
+    // gathered by shuffles, and its arrive on chunk 0 publishes them (the writes are its own).
     {
       const int key0 = (w.block_begin + it) * kKeys;
-      if (q == 0) smem.slot[stage][row] = key0 + row < w.extent ? own : 0;
-      if (q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
+      int value[kGroups];
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) value[g] = key0 + row[g] < w.extent ? own[g] : 0;
+      const int peer_value = key0 + peer_row < w.extent ? peer : 0;  // lanes of q 1 (kPair)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const int e = __shfl_sync(0xffffffffu, value[g], j);
+          if (lane == 0) smem.slot[stage][row[g] + j] = e;
+        }
+        if constexpr (kPair) {
+          const int e = __shfl_sync(0xffffffffu, peer_value, 8 + j);
+          if (lane == 0) smem.slot[stage][peer_row + j] = e;
+        }
+      }
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      put_e4m3(stage, c, left[c], c < 2 ? scale.x : scale.y);
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        put_e4m3(stage, c, g, left[g][c], c < 2 ? scale[g].x : scale[g].y);
+      }
       arrive(stage, c);
     }
     if (it + 1 < num_blocks) load_left(own_next);
     mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      put_e4m3(stage, c + 4, right[c], c < 2 ? scale.z : scale.w);
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        put_e4m3(stage, c + 4, g, right[g][c], c < 2 ? scale[g].z : scale[g].w);
+      }
       arrive(stage, c + 4);
     }
-    if constexpr (G::kDsMla) {
-      put(stage, 8, rope[0], rope[1]);
-    } else {
-      put_e4m3(stage, 8, rope[0], 0.f);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if constexpr (G::kDsMla) {
+        put(stage, 8, g, rope[g][0], rope[g][1]);
+      } else {
+        put_e4m3(stage, 8, g, rope[g][0], 0.f);
+      }
     }
     arrive(stage, 8);
-    if (it + 1 < num_blocks) {
-      load_right(own_next);
+    if (it + 1 < num_blocks) load_right(own_next);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      own[g] = own_next[g];
+      own_next[g] = own_far[g];
     }
-    own = own_next;
     peer = peer_next;
-    own_next = own_far;
     peer_next = peer_far;
   }
 }
