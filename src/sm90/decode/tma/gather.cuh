@@ -373,15 +373,23 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, two row groups
 //   per lane.
 
+// Lanes of a producer warp that write the block's entries into slot[] (pieces 0, kPair: and 1):
+// each arrives on chunk 0's full barrier itself, after its writes.
+template <bool kPair>
+inline constexpr uint32_t kSlotWriters = kPair ? 16 : 8;
+
 // The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
-// warp (kPair: warp 0's expects the other CTA's 4 KB of the chunk, and those bytes); a stage is
-// refilled once the consumer warps (kPair: of both CTAs) have released it.
+// warp (chunk 0: one per slot writer of each warp; kPair: warp 0's first expects the other CTA's
+// 4 KB of the chunk, and those bytes); a stage is refilled once the consumer warps (kPair: of both
+// CTAs) have released it.
 template <typename Traits, bool kPair>
 __device__ __forceinline__ void init_gather_ahead_barriers(
     typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
-      for (int c = 0; c < Traits::kChunks; ++c) mbar_init(&smem.full[s][c], 4);
+      for (int c = 0; c < Traits::kChunks; ++c) {
+        mbar_init(&smem.full[s][c], c == 0 ? 4 * kSlotWriters<kPair> : 4);
+      }
       mbar_init(&smem.empty_l[s], kPair ? 8 : 4);
       mbar_init(&smem.empty_r[s], kPair ? 8 : 4);
     }
@@ -509,12 +517,13 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     put(stage, c, g, lo, hi);
   };
   // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive from
-  // lane 0 (kPair: warp 0's carries the other CTA's bytes).
+  // lane 0, chunk 0's also from the other slot writers (kPair: warp 0's lane 0 carries the other
+  // CTA's bytes).
   auto arrive = [&](int stage, int c) {
     fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0) {
-      if (kPair && warp == 0) {
+    if (lane == 0 || (c == 0 && lane < static_cast<int>(kSlotWriters<kPair>))) {
+      if (kPair && warp == 0 && lane == 0) {
         mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
       } else {
         mbar_arrive(&smem.full[stage][c]);
@@ -536,26 +545,16 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     const uint32_t phase = phase_of(it);
     block_entries(it + 2, own_far, peer_far);
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
-    // The block's entries for the consumers (0 past the extent): lane 0 writes its warp's rows,
-    // gathered by shuffles, and its arrive on chunk 0 publishes them (the writes are its own).
+    // The block's entries for the consumers (0 past the extent), from the lanes of piece 0 (their
+    // rows) and, kPair, piece 1 (their rows of the other CTA's half); each writer's own arrive on
+    // chunk 0 publishes its writes.
     {
       const int key0 = (w.block_begin + it) * kKeys;
-      int value[kGroups];
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) value[g] = key0 + row[g] < w.extent ? own[g] : 0;
-      const int peer_value = key0 + peer_row < w.extent ? peer : 0;  // lanes of q 1 (kPair)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const int e = __shfl_sync(0xffffffffu, value[g], j);
-          if (lane == 0) smem.slot[stage][row[g] + j] = e;
-        }
-        if constexpr (kPair) {
-          const int e = __shfl_sync(0xffffffffu, peer_value, 8 + j);
-          if (lane == 0) smem.slot[stage][peer_row + j] = e;
-        }
+      for (int g = 0; g < kGroups; ++g) {
+        if (q == 0) smem.slot[stage][row[g]] = key0 + row[g] < w.extent ? own[g] : 0;
       }
+      if (kPair && q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
