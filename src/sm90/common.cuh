@@ -116,6 +116,11 @@ __device__ __forceinline__ float load_key<Elem::kFp8DsMla>(const uint8_t* p, int
       r + ElemTraits<Elem::kFp8DsMla>::kRopeOffset + 2 * (d - 512)));
 }
 
+// Asks L1 for the line holding `p` (no registers; the later load hits L1).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p) : "memory");
+}
+
 // Programmatic dependent launch: wait for the grids this one depends on (a no-op when launched
 // without the attribute), and let the next grid start its prologue.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }

@@ -46,8 +46,9 @@ __device__ __forceinline__ float4 widen(uint2 v) {
 template <Elem Out, int R>
 // NOTE: two CTAs of the most threads per SM cap the registers at 64: the kernel is latency-bound,
 // and resident CTAs are what hides it. Rows per item (one group: at most 128 threads) hold R
-// vectors per split; six CTAs of 128 threads per SM leave them 80 registers (64 spilled).
-__global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R == 1 ? 2 : 6)
+// vectors per split; eight CTAs of 128 threads per SM leave them 64 registers (no spills), so
+// that B32 H128's 1,024 four-row items fit one wave of 1,056 CTAs (seven at 72 registers: 924).
+__global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R == 1 ? 2 : 8)
     combine_kernel(const __grid_constant__ DecodeKernelParams p, int chunks) {
   constexpr int kL = kCombineL;
   constexpr int kSplitsPerLane = kMaxSplits / 32;
@@ -132,6 +133,12 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
       }
     };
     load_batch(0);
+    // The CTA's next item's record goes to L1 while this item's loads are in flight, so that the
+    // next item's loads follow its start after an L1 hit, not an L2 round trip (a prefetch: no
+    // registers held across the item).
+    if (const int next = item + static_cast<int>(gridDim.x); listed && next < items) {
+      if (threadIdx.x == 0) prefetch_l1(&p.sched_tokens[next / per_token]);
+    }
 
     // ---- warp r: all split maxima of row r at once, M, the weights and Z ----
     if (const int r = threadIdx.x / 32; r < rows) {
