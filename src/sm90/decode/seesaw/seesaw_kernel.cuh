@@ -261,6 +261,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   bool out_copies_pending = false;
   Cursor cursor;
   cursor.begin(p);
+  // The balanced schedule: the part's first query tile, asked of L2 before the cursor's record and
+  // seq_lens reads.
+  if constexpr (std::is_same_v<Cursor, tma::PartCursor>) {
+    cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, F::kQueryBytes>(p, ctid);
+  }
   tma::TileWork w;
   int64_t partial_row0;
   while (cursor.next(p, w, partial_row0)) {

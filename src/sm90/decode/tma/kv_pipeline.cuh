@@ -63,6 +63,30 @@ __device__ __forceinline__ TileWork resolve_tile(const DecodeKernelParams& p) {
   return w;
 }
 
+// The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
+// kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
+// ahead of the K blocks' (the seesaw kernel's direct split: docs/sm90-seesaw.md, the direct split;
+// on the balanced schedule the part's first segment: PartCursor::prefetch_first_query).
+// A ragged call's rows need cum_seq_lens_q: nothing is requested.
+// kQueryBytes: bytes per query element (2, or 1 for an e4m3 query).
+template <int kRows, int kThreads, int kQueryBytes = 2>
+__device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
+                                                    int tid) {
+  if (p.cum_seq_lens_q != nullptr) return;
+  constexpr int kLines = 576 * kQueryBytes / 128 + 1;  // lines a 16-byte-aligned row can touch
+  const int row_bytes = (p.kv_lora_rank + p.rope_dim) * kQueryBytes;
+  const int rows = p.q_len * p.num_heads;
+  for (int e = tid; e < kRows * kLines; e += kThreads) {
+    const int r = e / kLines, line = e - r * kLines;
+    const int row = row0 + r;
+    if (row >= rows) break;  // e grows with r
+    const int t = row / p.num_heads, h = row - t * p.num_heads;
+    const uint8_t* base = static_cast<const uint8_t*>(p.query) +
+                          kQueryBytes * (b * p.q_batch + t * p.q_token + h * p.q_head);
+    prefetch_l2(base + min(line * 128, row_bytes - 1));
+  }
+}
+
 // Query token t (global index) of a sparse call: its request's work (resolve_request), its heads'
 // rows [row0, rows) (token * H .. of the request), its counted entries
 // min(top_k, topk_len, seq_len - n_b + i + 1) as the extent (contract section 2.2; the SIMT
@@ -169,6 +193,17 @@ struct PartCursor {
     }
     return false;
   }
+
+  // This tile's query rows of the part's first segment into L2, right after begin(): next() reads
+  // the request's record and seq_lens meanwhile (a dense call's rows need neither; a ragged call's
+  // need cum_seq_lens_q, and nothing is asked). Asking for each next segment's rows as well, at the
+  // previous segment's start or at the end of its GEMMs, cost 1 to 4% at many segments per part
+  // (docs/perf-notes.md, Change 68).
+  template <int kRows, int kThreads, int kQueryBytes>
+  __device__ __forceinline__ void prefetch_first_query(const DecodeKernelParams& p, int tid) const {
+    if (b < p.batch)
+      prefetch_query_rows<kRows, kThreads, kQueryBytes>(p, b, blockIdx.x * kRows, tid);
+  }
 };
 
 // The one segment of a CTA of the seesaw kernel's direct split (a call of one request; no plan
@@ -273,29 +308,6 @@ __device__ __forceinline__ uint32_t swizzled_offset(int row, int col, int rows_p
 __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int rows_per_chunk) {
   const int chunk = col >> 6, c = col & 63;
   return chunk * rows_per_chunk * 64 + row * 64 + (((c >> 4) ^ ((row >> 1) & 3)) << 4) + (c & 15);
-}
-
-// The L2 lines of query rows [row0, row0 + kRows) of request b of a dense call, requested by the
-// kThreads threads tid before the CTA's first reads of seq_lens, so that the query's DRAM reads go
-// ahead of the K blocks' (the seesaw kernel's direct split: docs/sm90-seesaw.md, the direct split).
-// A ragged call's rows need cum_seq_lens_q: nothing is requested.
-// kQueryBytes: bytes per query element (2, or 1 for an e4m3 query).
-template <int kRows, int kThreads, int kQueryBytes = 2>
-__device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p, int b, int row0,
-                                                    int tid) {
-  if (p.cum_seq_lens_q != nullptr) return;
-  constexpr int kLines = 576 * kQueryBytes / 128 + 1;  // lines a 16-byte-aligned row can touch
-  const int row_bytes = (p.kv_lora_rank + p.rope_dim) * kQueryBytes;
-  const int rows = p.q_len * p.num_heads;
-  for (int e = tid; e < kRows * kLines; e += kThreads) {
-    const int r = e / kLines, line = e - r * kLines;
-    const int row = row0 + r;
-    if (row >= rows) break;  // e grows with r
-    const int t = row / p.num_heads, h = row - t * p.num_heads;
-    const uint8_t* base = static_cast<const uint8_t*>(p.query) +
-                          kQueryBytes * (b * p.q_batch + t * p.q_token + h * p.q_head);
-    prefetch_l2(base + min(line * 128, row_bytes - 1));
-  }
 }
 
 // The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
