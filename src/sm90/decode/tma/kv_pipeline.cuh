@@ -194,15 +194,16 @@ struct PartCursor {
     return false;
   }
 
-  // This tile's query rows of the part's first segment into L2, right after begin(): next() reads
-  // the request's record and seq_lens meanwhile (a dense call's rows need neither; a ragged call's
-  // need cum_seq_lens_q, and nothing is asked). Asking for each next segment's rows as well, at the
-  // previous segment's start or at the end of its GEMMs, cost 1 to 4% at many segments per part
-  // (docs/perf-notes.md, Change 68).
+  // This tile's query rows (kRows from next()'s row0) of the part's first segment into L2, right
+  // after begin(): next() reads the request's record and seq_lens meanwhile (a dense call's rows
+  // need neither; a ragged call's need cum_seq_lens_q, and nothing is asked). Asking for each next
+  // segment's rows as well, at the previous segment's start or at the end of its GEMMs, cost 1 to
+  // 4% at many segments per part (docs/perf-notes.md, Change 68).
   template <int kRows, int kThreads, int kQueryBytes>
   __device__ __forceinline__ void prefetch_first_query(const DecodeKernelParams& p, int tid) const {
-    if (b < p.batch)
-      prefetch_query_rows<kRows, kThreads, kQueryBytes>(p, b, blockIdx.x * kRows, tid);
+    if (b < p.batch) {
+      prefetch_query_rows<kRows, kThreads, kQueryBytes>(p, b, blockIdx.x * kTileRows, tid);
+    }
   }
 };
 
