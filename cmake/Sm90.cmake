@@ -82,6 +82,9 @@ if(MLA_ENABLE_CUDA)
     src/sm90/host/merge.cc
     src/sm90/decode/merge/merge_bf16.cu
     src/sm90/decode/merge/merge_fp16.cu
+    # The peer exchange of context parallelism's p2p method (include/mla/exchange.h).
+    src/sm90/host/exchange.cc
+    src/sm90/exchange/peer_exchange.cu
   )
 else()
   target_sources(mla_decode PRIVATE src/sm90/host/merge_unavailable.cc)

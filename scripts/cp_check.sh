@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The context-parallel check, for a machine with two Hopper GPUs: builds the library with CUDA into
-# build-cp-cuda, runs (a) the merge's GPU tests and the cpu merge and context-parallel tests, (b)
-# the 2-GPU test under torchrun, (c) the benchmark (bench/cp_bench.py); prints one summary line per
-# step, last.
+# build-cp-cuda, runs (a) the GPU tests of the merge and of the peer exchange, and the cpu merge and
+# context-parallel tests, (b) the 2-GPU test under torchrun, (c) the benchmark (bench/cp_bench.py),
+# once per exchange method; prints one summary line per step, last.
 #
 #   scripts/cp_check.sh [LOG_DIR]        logs go to LOG_DIR (default: build-cp-cuda/cp-check)
 #
@@ -10,6 +10,7 @@
 #   MLA_PYTHON   interpreter with PyTorch, numpy, ml_dtypes, pytest (default: python3); where it
 #                lacks apache-tvm-ffi, the wheel in .whl-gpu/ is installed into it (no network)
 #   CP_BENCH_ARGS  extra arguments of bench/cp_bench.py (e.g. --quick)
+#   CP_METHODS     the exchange methods the 2-GPU benchmark runs (default: p2p all_gather all_to_all)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build-cp-cuda"
@@ -40,7 +41,7 @@ if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA
   -DMLA_BUILD_TESTS=ON -DMLA_BUILD_PYTHON=ON -DMLA_BUILD_BENCH=OFF \
   -DPython_EXECUTABLE="$(command -v "$python")" &&
   cmake --build "$build" -j "$(nproc)" --target mla_decode_ffi sm90_merge_test cpu_merge_test \
-    host_merge_validate_test; } >"$logs/build.log" 2>&1; then
+    host_merge_validate_test sm90_exchange_test host_exchange_validate_test; } >"$logs/build.log" 2>&1; then
   note "build: FAILED (see $logs/build.log)"
   failed=1
   finish
@@ -49,8 +50,10 @@ note "build: ok"
 export MLA_DECODE_LIBRARY="$build/libmla_decode_ffi.so"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 
-# ---- (a) the merge on the GPU, and the cpu suites of the merge and simulated ranks ----
-for t in sm90_merge_test cpu_merge_test host_merge_validate_test; do
+# ---- (a) the merge and the peer exchange on the GPU, and the cpu suites of the merge and
+# simulated ranks ----
+for t in sm90_merge_test cpu_merge_test host_merge_validate_test sm90_exchange_test \
+  host_exchange_validate_test; do
   "$build/tests/$t" >"$logs/$t.log" 2>&1
   rc=$?
   note "$t: $(grep -E '^\[  (PASSED|FAILED)  \]' "$logs/$t.log" | tr '\n' ' ') (rc $rc)"
@@ -73,12 +76,18 @@ note "torchrun test_distributed: $(grep -E 'passed|failed|skipped' "$logs/torchr
 "$python" "$root/bench/cp_bench.py" --json "$logs/cp_bench_1gpu.json" ${CP_BENCH_ARGS:-} \
   >"$logs/cp_bench_1gpu.log" 2>&1
 rc1=$?
-# shellcheck disable=SC2086
-"$python" -m torch.distributed.run --nproc_per_node=2 "$root/bench/cp_bench.py" \
-  --json "$logs/cp_bench.json" --baseline "$logs/cp_bench_1gpu.json" ${CP_BENCH_ARGS:-} \
-  >"$logs/cp_bench.log" 2>&1
-rc2=$?
-note "cp_bench: rc $rc1 (1 GPU), rc $rc2 (2 GPUs); table in $logs/cp_bench.log"
+rc2=0
+for method in ${CP_METHODS:-p2p all_gather all_to_all}; do
+  # shellcheck disable=SC2086
+  "$python" -m torch.distributed.run --nproc_per_node=2 "$root/bench/cp_bench.py" \
+    --method "$method" --json "$logs/cp_bench_$method.json" \
+    --baseline "$logs/cp_bench_1gpu.json" ${CP_BENCH_ARGS:-} >"$logs/cp_bench_$method.log" 2>&1 ||
+    rc2=$?
+done
+note "cp_bench: rc $rc1 (1 GPU), rc $rc2 (2 GPUs); tables in $logs/cp_bench_<method>.log"
 [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] || failed=1
-[ -f "$logs/cp_bench.log" ] && summary+=("$(grep -A40 '^| B ' "$logs/cp_bench.log" | head -20)")
+for method in ${CP_METHODS:-p2p all_gather all_to_all}; do
+  [ -f "$logs/cp_bench_$method.log" ] &&
+    summary+=("method $method:" "$(grep -A40 '^| B ' "$logs/cp_bench_$method.log" | head -20)")
+done
 finish

@@ -3,5 +3,6 @@
 
 #include "mla/decode.h"  // IWYU pragma: export
 #include "mla/error.h"   // IWYU pragma: export
+#include "mla/exchange.h"  // IWYU pragma: export
 #include "mla/merge.h"   // IWYU pragma: export
 #include "mla/tensor.h"  // IWYU pragma: export

@@ -29,9 +29,10 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import _arrays
 from ._api import Scale, Tensor, batch_decode, make_workspace
+from ._lib import lib
 from ._merge import merge_states
 
-METHODS = ("all_gather", "all_to_all")
+METHODS = ("all_gather", "all_to_all", "p2p")
 
 
 def _floordiv(x: Any, d: int) -> Any:
@@ -180,6 +181,11 @@ class ContextParallelDecode:
             ``"all_to_all"``: rank j receives every rank's heads ``[j * H / N, (j + 1) * H / N)``
             and merges those (vLLM's a2a); the result is this rank's head slice
             ``[B, q_len, H / N, L]`` (the layout a head-sharded output projection takes).
+            ``"p2p"``: as ``"all_gather"``, but the states travel by the library's peer exchange
+            kernel (:func:`mla.peer_exchange`, include/mla/exchange.h) through a buffer in
+            PyTorch's symmetric memory (``torch.distributed._symmetric_memory``, mapped into
+            every rank over NVLink) instead of an NCCL call: a few microseconds a layer instead of
+            NCCL's ~9 (docs/context-parallel.md). Needs peer access between the GPUs.
         backend, enable_pdl: as in :func:`mla_decode.batch_decode` (enable_pdl None: on for CUDA).
 
     Buffers (gathered parts, workspace) are allocated on the first call of each shape and reused,
@@ -230,13 +236,19 @@ class ContextParallelDecode:
         # that one all-gather moves both (all_gather: this rank's row is written in place).
         # NOTE: two NCCL calls cost ~6 us more per layer than one at these sizes.
         out_bytes = t * h * kv_lora_rank * torch.finfo(out_dtype).bits // 8
-        row_bytes = out_bytes + (t * h * 4 + 15) // 16 * 16
-        gather = torch.empty((n, row_bytes), dtype=torch.uint8, device=dev)
-        state = {
+        row_bytes = (out_bytes + 15) // 16 * 16 + (t * h * 4 + 15) // 16 * 16
+        lse_at = row_bytes - (t * h * 4 + 15) // 16 * 16
+        state: Dict[str, Any] = {}
+        if self.method == "p2p":
+            gather = self._symmetric_buffer(state, n, row_bytes, dev)
+        else:
+            gather = torch.empty((n, row_bytes), dtype=torch.uint8, device=dev)
+        state.update({
             "gather": gather,
+            "row_bytes": row_bytes,
             "parts": gather[:, :out_bytes].view(out_dtype).view(n, t, h, kv_lora_rank),
             "lse_parts": (
-                gather[:, out_bytes:out_bytes + t * h * 4].view(torch.float32).view(n, t, h)
+                gather[:, lse_at:lse_at + t * h * 4].view(torch.float32).view(n, t, h)
             ),
             "workspace": make_workspace(
                 query, kv_cache, block_tables, seq_lens, kv_lora_rank=kv_lora_rank,
@@ -245,7 +257,7 @@ class ContextParallelDecode:
                 ).view(torch.uint32),
                 **{k: v for k, v in kwargs.items() if k in ("qk_rope_head_dim", "max_seq_len")},
             ),
-        }
+        })
         if self.method == "all_to_all":
             hn = h // n
             state["local_out"] = torch.empty((t, h, kv_lora_rank), dtype=out_dtype, device=dev)
@@ -258,13 +270,43 @@ class ContextParallelDecode:
         self._buffers[key] = state
         return state
 
+    def _pdl(self, tensor: Any) -> bool:
+        return bool(tensor.is_cuda) if self.enable_pdl is None else bool(self.enable_pdl)
+
+    def _symmetric_buffer(self, state: Dict[str, Any], n: int, row_bytes: int, dev: Any) -> Any:
+        """The p2p method's buffer: n slots of row_bytes and the exchange's flags, in PyTorch's
+        symmetric memory (every rank's buffer mapped into every rank); the flags zeroed on every
+        rank before any rank's first exchange. Returns the [n, row_bytes] view of the slots."""
+        import torch
+        import torch.distributed as dist
+
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+        except ImportError as e:  # pragma: no cover - PyTorch without symmetric memory
+            raise RuntimeError(
+                "method p2p: needs torch.distributed._symmetric_memory (PyTorch with CUDA); use "
+                "method all_gather"
+            ) from e
+        group = self.group if self.group is not None else dist.group.WORLD
+        total = int(lib().peer_exchange_buffer_bytes(n, row_bytes))
+        buffer = symm_mem.empty(total, dtype=torch.uint8, device=dev)
+        buffer.zero_()
+        handle = symm_mem.rendezvous(buffer, group.group_name)
+        torch.cuda.synchronize(dev)
+        dist.barrier(group=group)  # no rank writes a peer's flags before they are zero
+        state["symmetric"] = buffer
+        state["symmetric_handle"] = handle  # keeps the peers' mappings alive
+        state["peer_buffers"] = torch.tensor([int(p) for p in handle.buffer_ptrs],
+                                             dtype=torch.int64)
+        return buffer[: n * row_bytes].view(n, row_bytes)
+
     def local(self, query: Tensor, kv_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
               causal_seqlens_kv_global: Tensor, *, kv_lora_rank: int = 512,
               **kwargs: Any) -> Dict[str, Any]:
         """Step 1: the local decode into the exchange buffers; returns the call's state."""
         state = self._state(query, kv_cache, block_tables, seq_lens, kv_lora_rank, kwargs)
         b, q_len, h, _ = query.shape
-        if self.method == "all_gather":
+        if self.method != "all_to_all":
             out = state["parts"][self.cp_rank].view(b, q_len, h, kv_lora_rank)
             lse = state["lse_parts"][self.cp_rank].view(b, q_len, h)
         else:
@@ -280,10 +322,19 @@ class ContextParallelDecode:
         return state
 
     def exchange(self, state: Dict[str, Any]) -> None:
-        """Step 2: the partial states over NCCL (all-gather, or all-to-all by heads)."""
+        """Step 2: the partial states over NCCL (all-gather, or all-to-all by heads), or over peer
+        memory (p2p)."""
         import torch.distributed as dist
 
         n = self.cp_world
+        if self.method == "p2p":
+            buffer = state["symmetric"]
+            lib().peer_exchange(
+                buffer, state["peer_buffers"], self.cp_rank, state["row_bytes"],
+                self.backend,
+                self._pdl(buffer), _arrays.current_stream(buffer),
+            )
+            return
         if self.method == "all_gather":
             gather = state["gather"]
             # NOTE: in place: this rank's out and lse are already its row of the gather buffer.
@@ -306,7 +357,7 @@ class ContextParallelDecode:
         """Step 3: the merge (sinks applied here, once)."""
         b, q_len, h, width = state["shape"]
         enable_pdl = bool(self.enable_pdl) if self.enable_pdl is not None else True
-        if self.method == "all_gather":
+        if self.method != "all_to_all":
             parts, lse_parts, heads = state["parts"], state["lse_parts"], h
         else:
             parts, lse_parts, heads = state["recv_out"], state["recv_lse"], h // self.cp_world

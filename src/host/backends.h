@@ -2,12 +2,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "host/merge_problem.h"
 #include "host/problem.h"
 #include "mla/decode.h"
+#include "mla/exchange.h"
 
 namespace mla::detail {
+
+// The peer exchange's buffer after its N slots (include/mla/exchange.h,
+// src/sm90/exchange/launch.h): a landing area of kPeerExchangeLandingSlots x N slots (each rank's
+// slot as 16-byte lines of 8 bytes and two step words, for either step parity), then one 32-bit
+// step counter per CTA (64).
+inline constexpr int64_t kPeerExchangeLandingSlots = 4;
+inline constexpr int64_t kPeerExchangeControlBytes = 64 * 4;
 
 // Checks every docs/contract.md section 5 rule that needs no look at device memory and derives the
 // Problem. Throws mla::Error before anything is launched or written. Does not check the workspace
@@ -58,6 +67,11 @@ void run(const Problem& problem, const DecodeParams& params);
 // Launches the merge kernel on params.stream (src/sm90/host/merge.cc; a build without CUDA links
 // src/sm90/host/merge_unavailable.cc).
 void merge_states(const MergeProblem& problem, const MergeParams& params);
+
+// Launches the peer exchange kernel of validated params on params.stream
+// (src/sm90/host/exchange.cc; a build without CUDA links the stub in
+// src/sm90/host/merge_unavailable.cc).
+void peer_exchange(const PeerExchangeParams& params);
 
 }  // namespace sm90
 }  // namespace mla::detail

@@ -3,11 +3,11 @@
 // and libtvm_ffi, never Python or a framework: tensors arrive as DLPack tensors, which tvm-ffi
 // converts from PyTorch, NumPy, CuPy or JAX.
 //
-// merge_states (the merge of context-parallel partial states) has its own arguments
-// (merge_states_op). The four decode entry points take the same positional arguments (entry()
-// below; the Python side builds them in python/mla_decode/_api.py, _Call.ffi_args). mla::Error
-// leaves as a Python TypeError (code TypeError) or ValueError (every other code) carrying the same
-// message.
+// merge_states (the merge of context-parallel partial states) and peer_exchange (the transport of
+// the p2p method) have their own arguments (merge_states_op, peer_exchange_op). The four decode
+// entry points take the same positional arguments (entry() below; the Python side builds them in
+// python/mla_decode/_api.py, _Call.ffi_args). mla::Error leaves as a Python TypeError (code
+// TypeError) or ValueError (every other code) carrying the same message.
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
@@ -211,6 +211,55 @@ void merge_states_op(OptTensor out_parts, OptTensor lse_parts, OptTensor sinks, 
   }
 }
 
+// peer_exchange (include/mla/exchange.h): buffer uint8 [bytes] (this rank's), peer_buffers int64
+// [N] on the host (every rank's buffer address as mapped in this process).
+void peer_exchange_op(OptTensor buffer, OptTensor peer_buffers, int64_t rank, int64_t slot_bytes,
+                      ffi::String backend, bool enable_pdl, ffi::Optional<int64_t> stream) {
+  try {
+    PeerExchangeParams p;
+    p.buffer = to_view(buffer, "buffer");
+    if (!peer_buffers.has_value()) fail("peer_buffers: expected a tensor, got none");
+    const ffi::TensorView& peers = peer_buffers.value();
+    const DLDataType type = peers.dtype();
+    const int32_t where = peers.device().device_type;
+    if (peers.ndim() != 1 || type.code != kDLInt || type.bits != 64 || type.lanes != 1 ||
+        (where != kDLCPU && where != kDLCUDAHost)) {
+      fail("peer_buffers: expected a 1-D int64 host tensor of N addresses");
+    }
+    const int64_t n = peers.shape()[0];
+    if (n < 1 || n > kMaxPeerRanks) {
+      fail("num_ranks: expected 1 to " + std::to_string(kMaxPeerRanks) + " peer_buffers, got " +
+           std::to_string(n));
+    }
+    p.num_ranks = static_cast<int>(n);
+    const char* base = static_cast<const char*>(peers.data_ptr()) + peers.byte_offset();
+    for (int r = 0; r < p.num_ranks; ++r) {
+      int64_t address = 0;
+      std::memcpy(&address, base + r * peers.strides()[0] * 8, 8);
+      p.peer_buffers[r] = reinterpret_cast<void*>(static_cast<intptr_t>(address));
+    }
+    p.rank = to_int32(rank, "rank");
+    p.slot_bytes = slot_bytes;
+    p.backend = parse_backend(std::string(backend));
+    p.enable_pdl = enable_pdl;
+    p.stream = launch_stream(p.buffer.device, stream);
+    peer_exchange(p);
+  } catch (const Error& e) {
+    const char* kind = e.code() == ErrorCode::kTypeError ? "TypeError" : "ValueError";
+    throw ffi::Error(kind, e.what(), TVMFFIBacktrace(__FILE__, __LINE__, TVM_FFI_FUNC_SIG, 0));
+  }
+}
+
+// peer_exchange_buffer_bytes (include/mla/exchange.h).
+int64_t peer_exchange_buffer_bytes_op(int64_t num_ranks, int64_t slot_bytes) {
+  try {
+    return peer_exchange_buffer_bytes(to_int32(num_ranks, "num_ranks"), slot_bytes);
+  } catch (const Error& e) {
+    throw ffi::Error("ValueError", e.what(),
+                     TVMFFIBacktrace(__FILE__, __LINE__, TVM_FFI_FUNC_SIG, 0));
+  }
+}
+
 // The stream a GPU backend would launch on for a call with this query and `stream` argument, as an
 // integer (0 for host tensors): lets tests check that the caller's stream arrives.
 int64_t launch_stream_of(ffi::TensorView query, ffi::Optional<int64_t> stream) {
@@ -247,5 +296,8 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan, mla::python::entry<mla::python::plan_op>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, mla::python::entry<mla::python::run_op>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode, mla::python::entry<mla::python::decode_op>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states, mla::python::merge_states_op);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(peer_exchange, mla::python::peer_exchange_op);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(peer_exchange_buffer_bytes,
+                              mla::python::peer_exchange_buffer_bytes_op);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(backend_available, mla::python::backend_available);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(launch_stream, mla::python::launch_stream_of);

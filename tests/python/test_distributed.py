@@ -108,21 +108,46 @@ def test_matches_single_gpu(group, method, kv_dtype, with_sinks, batch, q_len, h
     assert torch.allclose(lse[~empty], want_lse[~empty], rtol=1e-5, atol=1e-5)
 
 
-def test_cuda_graph_replay_matches_eager(group):
+@pytest.mark.parametrize("method", distributed.METHODS)
+def test_cuda_graph_replay_matches_eager(group, method):
     world, rank = dist.get_world_size(), dist.get_rank()
     q, _, _, glens, kv, table, llens = build(99, 2, 2, 128, [9000, 300], torch.bfloat16, world,
                                              rank)
-    layer = distributed.ContextParallelDecode(group)
+    layer = distributed.ContextParallelDecode(group, method=method)
     eager = layer(q, kv, table, llens, glens, kv_lora_rank=L).clone()
+    q2 = torch.flip(q, dims=[2]).contiguous()
+    eager2 = layer(q2, kv, table, llens, glens, kv_lora_rank=L).clone()
     out = torch.empty_like(eager)
+    live = q.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
-        layer(q, kv, table, llens, glens, kv_lora_rank=L, out=out)  # warm-up on the stream
+        layer(live, kv, table, llens, glens, kv_lora_rank=L, out=out)  # warm-up on the stream
         with torch.cuda.graph(graph, stream=stream):
-            layer(q, kv, table, llens, glens, kv_lora_rank=L, out=out)
-    out.fill_(float("nan"))
-    graph.replay()
+            layer(live, kv, table, llens, glens, kv_lora_rank=L, out=out)
+    # Replays with new queries: each replay is a new exchange step on every rank.
+    for query, want in ((q, eager), (q2, eager2), (q2, eager2), (q, eager)):
+        live.copy_(query)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("method", distributed.METHODS)
+def test_layers_back_to_back(group, method):
+    """Eight layer calls queued without a host sync, each with its own query and output: a rank's
+    next exchange must not land in a peer's buffer before the peer has merged the previous one."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    q, _, _, glens, kv, table, llens = build(7, 1, 1, 128, [20000], torch.bfloat16, world, rank)
+    layer = distributed.ContextParallelDecode(group, method=method)
+    queries = [q * (1.0 + 0.25 * i) for i in range(8)]
+    want = []
+    for x in queries:  # one call at a time
+        want.append(layer(x, kv, table, llens, glens, kv_lora_rank=L))
+        torch.cuda.synchronize()
+    got = [layer(x, kv, table, llens, glens, kv_lora_rank=L) for x in queries]
     torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    for i in range(8):
+        assert torch.equal(got[i], want[i]), i
