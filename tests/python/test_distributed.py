@@ -151,3 +151,20 @@ def test_layers_back_to_back(group, method):
     torch.cuda.synchronize()
     for i in range(8):
         assert torch.equal(got[i], want[i]), i
+
+
+@pytest.mark.parametrize("batch,q_len,heads,seq_lens", CASES)
+def test_p2p_equals_all_gather(group, batch, q_len, heads, seq_lens):
+    """The p2p method moves the same bytes into the same merge as all_gather: equal bit for bit."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    q, _, _, glens, kv, table, llens = build(5, batch, q_len, heads, seq_lens, torch.bfloat16,
+                                             world, rank)
+    sinks = torch.linspace(-2, 2, heads, device=q.device)
+    results = []
+    for method in ("all_gather", "p2p"):
+        layer = distributed.ContextParallelDecode(group, method=method)
+        results.append(layer(q, kv, table, llens, glens, sinks=sinks, kv_lora_rank=L,
+                             return_lse=True))
+    torch.cuda.synchronize()
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])

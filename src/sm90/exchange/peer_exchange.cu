@@ -54,6 +54,9 @@ __device__ __forceinline__ uint4* landing(unsigned char* buffer, const PeerExcha
 __global__ void __launch_bounds__(kThreads)
     peer_exchange_kernel(const __grid_constant__ PeerExchangeKernelParams p) {
   pdl_wait();  // this rank's slot comes from the previous kernels (the local decode)
+  // The next kernel (the merge) may start its CTAs beside these (at most kMaxCtas, all resident
+  // by now): its own wait still waits for this grid to end.
+  pdl_launch_dependents();
   const int c = blockIdx.x;
   const int tid = threadIdx.x;
   unsigned char* const mine = p.buffers[p.rank];
