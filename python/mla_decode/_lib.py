@@ -40,6 +40,7 @@ def library_path() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def lib() -> Any:
-    """The loaded module: workspace_size, plan, run, decode (the entry points), backend_available,
-    launch_stream (see src/python/binding.cc)."""
+    """The loaded module: workspace_size, plan, run, decode (the entry points), merge_states,
+    peer_exchange and peer_exchange_buffer_bytes, backend_available, launch_stream (see
+    src/python/binding.cc)."""
     return tvm_ffi.load_module(str(library_path()))
