@@ -57,7 +57,8 @@ def test_peer_buffers_refused():
         call(DeviceTensor(views[0]), addresses.astype(np.int32))
     with pytest.raises(ValueError, match="num_ranks: expected 1 to 8 peer_buffers, got 9"):
         call(DeviceTensor(views[0]), np.repeat(addresses, 5)[:9])
-    with pytest.raises(ValueError, match=r"peer_buffers\[1\]: the same address as peer_buffers\[0\]"):
+    same = r"peer_buffers\[1\]: the same address as peer_buffers\[0\]"
+    with pytest.raises(ValueError, match=same):
         call(DeviceTensor(views[0]), np.array([addresses[0], addresses[0]], dtype=np.int64))
     with pytest.raises(ValueError, match=r"peer_buffers\[0\]: expected this rank's own buffer"):
         call(DeviceTensor(views[0]), addresses[::-1].copy())
