@@ -4,8 +4,9 @@
 // every slot of every buffer holds its rank's bytes of the step, over many steps (the step
 // counters in the buffers), back to back without host syncs (a rank's next step must not land
 // in a peer's buffer before the peer has copied out the previous one), and in CUDA graphs.
-// Serializing tools (compute-sanitizer) run one kernel at a time and would hang the ranks: a
-// watchdog fails the test after 30 s instead. Skips where no CUDA device of compute capability
+// A tool that runs one kernel at a time (compute-sanitizer's initcheck) hangs the ranks; memcheck,
+// racecheck and synccheck run them at once. A watchdog fails a hung test after 30 s where the
+// host is not blocked. Skips where no CUDA device of compute capability
 // 9.0 is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
