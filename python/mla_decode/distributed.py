@@ -236,8 +236,8 @@ class ContextParallelDecode:
         # that one all-gather moves both (all_gather: this rank's row is written in place).
         # NOTE: two NCCL calls cost ~6 us more per layer than one at these sizes.
         out_bytes = t * h * kv_lora_rank * torch.finfo(out_dtype).bits // 8
-        row_bytes = (out_bytes + 15) // 16 * 16 + (t * h * 4 + 15) // 16 * 16
-        lse_at = row_bytes - (t * h * 4 + 15) // 16 * 16
+        lse_at = (out_bytes + 15) // 16 * 16  # parts 16-byte aligned (peer exchange lines)
+        row_bytes = lse_at + (t * h * 4 + 15) // 16 * 16
         state: Dict[str, Any] = {}
         if self.method == "p2p":
             gather = self._symmetric_buffer(state, n, row_bytes, dev)
@@ -274,9 +274,10 @@ class ContextParallelDecode:
         return bool(tensor.is_cuda) if self.enable_pdl is None else bool(self.enable_pdl)
 
     def _symmetric_buffer(self, state: Dict[str, Any], n: int, row_bytes: int, dev: Any) -> Any:
-        """The p2p method's buffer: n slots of row_bytes and the exchange's flags, in PyTorch's
-        symmetric memory (every rank's buffer mapped into every rank); the flags zeroed on every
-        rank before any rank's first exchange. Returns the [n, row_bytes] view of the slots."""
+        """The p2p method's buffer: n slots of row_bytes, then the exchange's landing area and
+        step counters (include/mla/exchange.h), in PyTorch's symmetric memory (every rank's
+        buffer mapped into every rank); zeroed on every rank before any rank's first exchange.
+        Returns the [n, row_bytes] view of the slots."""
         import torch
         import torch.distributed as dist
 
@@ -293,7 +294,7 @@ class ContextParallelDecode:
         buffer.zero_()
         handle = symm_mem.rendezvous(buffer, group.group_name)
         torch.cuda.synchronize(dev)
-        dist.barrier(group=group)  # no rank writes a peer's flags before they are zero
+        dist.barrier(group=group)  # no rank writes into a peer's buffer before it is zero
         state["symmetric"] = buffer
         state["symmetric_handle"] = handle  # keeps the peers' mappings alive
         state["peer_buffers"] = torch.tensor([int(p) for p in handle.buffer_ptrs],
