@@ -206,21 +206,22 @@ TEST_P(PeerExchange, GraphReplays) {
     cuda_ok(cudaGraphInstantiate(&graphs[r], graph, 0), "instantiate");
     cudaGraphDestroy(graph);
   }
+  // NOTE: every copy goes on the rank's own stream, ahead of or behind its replay: a
+  // device-to-device cudaMemcpy is asynchronous to the host and runs on the legacy stream, which
+  // the ranks' non-blocking streams do not wait for (a replay then read the previous step's bytes
+  // whenever other work on the device delayed the copy).
   for (int k = 1; k < kSteps; ++k) {
     for (int r = 0; r < ranks.n(); ++r) {
-      cuda_ok(cudaMemcpy(static_cast<char*>(live_src) + r * ranks.slot(), staging.src_of(k, r),
-                         ranks.slot(), cudaMemcpyDeviceToDevice),
+      cuda_ok(cudaMemcpyAsync(static_cast<char*>(live_src) + r * ranks.slot(), staging.src_of(k, r),
+                              ranks.slot(), cudaMemcpyDeviceToDevice, ranks.stream(r)),
               "new bytes");
-    }
-    for (int r = 0; r < ranks.n(); ++r)
       cuda_ok(cudaGraphLaunch(graphs[r], ranks.stream(r)), "replay");
-    ranks.wait();
-    for (int r = 0; r < ranks.n(); ++r) {
-      cuda_ok(cudaMemcpy(staging.dst_of(k, r),
-                         static_cast<char*>(live_dst) + r * ranks.n() * ranks.slot(),
-                         ranks.n() * ranks.slot(), cudaMemcpyDeviceToDevice),
+      cuda_ok(cudaMemcpyAsync(staging.dst_of(k, r),
+                              static_cast<char*>(live_dst) + r * ranks.n() * ranks.slot(),
+                              ranks.n() * ranks.slot(), cudaMemcpyDeviceToDevice, ranks.stream(r)),
               "result");
     }
+    ranks.wait();
     staging.check(k);
   }
   for (auto g : graphs) cudaGraphExecDestroy(g);
