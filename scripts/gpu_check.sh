@@ -12,6 +12,9 @@
 #                           kernel and route at small sizes; '*' runs all, which takes long)
 #   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
 #                           both kernels, the block and split cases, NaN propagation)
+#   MLA_SANITIZE_FP8_FILTER the same for the decode tests over e4m3 caches (default: the few-rows
+#                           kernel's routes, its tiles and the widened ring), run apart from the
+#                           filter above so that each stays within the timeout
 #   MLA_SANITIZE_TOOLS      the tools to run (default: memcheck racecheck synccheck initcheck)
 #   MLA_SANITIZE_TIMEOUT    seconds each tool may take (default 300)
 # Needs .deps/cutlass and .deps/googletest (scripts/setup_deps.sh, or copies of them). Exits 1 when
@@ -53,15 +56,17 @@ default_filter+=':Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90Deco
 default_filter+=':Sm90DecodeDsMla.*'
 filter=${MLA_SANITIZE_FILTER:-$default_filter}
 sparse_filter=${MLA_SANITIZE_SPARSE_FILTER:-'Formats/*:Blocks/*:Sm90SparseNaN.*'}
+fp8_filter=${MLA_SANITIZE_FP8_FILTER:-'Fp8Mma/*:Fp8Regs/*:Fp8MmaTiles/*:Fp8Widened/*'}
 for tool in ${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-  for suite in decode sparse; do
+  for suite in decode fp8 sparse; do
     log="$logs/sanitize-$tool.log"
     f=$filter
     [ $suite = sparse ] && log="$logs/sanitize-$tool-sparse.log" && f=$sparse_filter
+    [ $suite = fp8 ] && log="$logs/sanitize-$tool-fp8.log" && f=$fp8_filter
     extra=()
     [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
     timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 \
-      "$root/build/tests/sm90_${suite}_test" --gtest_filter="$f" >"$log" 2>&1
+      "$root/build/tests/sm90_${suite/fp8/decode}_test" --gtest_filter="$f" >"$log" 2>&1
     rc=$?
     errors=$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" | tail -1)
     tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')
