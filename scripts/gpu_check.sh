@@ -13,8 +13,9 @@
 #   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
 #                           both kernels, the block and split cases, NaN propagation)
 #   MLA_SANITIZE_FP8_FILTER the same for the decode tests over e4m3 caches (default: the few-rows
-#                           kernel's routes, its tiles and the widened ring), run apart from the
-#                           filter above so that each stays within the timeout
+#                           kernel's routes, the FP8 seesaw kernel on both layouts and the widened
+#                           ring), run apart from the filter above so that each stays within the
+#                           timeout
 #   MLA_SANITIZE_TOOLS      the tools to run (default: memcheck racecheck synccheck initcheck)
 #   MLA_SANITIZE_TIMEOUT    seconds each tool may take (default 300)
 # Needs .deps/cutlass and .deps/googletest (scripts/setup_deps.sh, or copies of them). Exits 1 when
@@ -56,7 +57,7 @@ default_filter+=':Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90Deco
 default_filter+=':Sm90DecodeDsMla.*'
 filter=${MLA_SANITIZE_FILTER:-$default_filter}
 sparse_filter=${MLA_SANITIZE_SPARSE_FILTER:-'Formats/*:Blocks/*:Sm90SparseNaN.*'}
-fp8_filter=${MLA_SANITIZE_FP8_FILTER:-'Fp8Mma/*:Fp8Regs/*:Fp8MmaTiles/*:Fp8Widened/*'}
+fp8_filter=${MLA_SANITIZE_FP8_FILTER:-'Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*'}
 for tool in ${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
   for suite in decode fp8 sparse; do
     log="$logs/sanitize-$tool.log"

@@ -1011,8 +1011,9 @@ std::vector<Case> pair_cases() {
 // - the few-rows kernel (`tiles` false): with an e4m3 query on the FP8 tensor cores, with a bf16
 //   query in fp16 GEMMs widened into registers; heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <=
 //   32), strided query rows;
-// - its tiles on the seesaw kernel's calls (`tiles`, an e4m3 query): heads 128, 64, 40, 20, 16 and
-//   3 at q_len 1..4 and 16, tiles that span two tokens, requests of one segment.
+// - the FP8 seesaw kernel on the balanced schedule (`tiles`, an e4m3 query, more than 32 rows a
+//   request): heads 128, 64, 40, 20, 16 and 3 at q_len 1..4 and 16, tiles that span two tokens,
+//   requests of one segment.
 std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -1105,25 +1106,49 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
   return cases;
 }
 
-// An e4m3 query over an e4m3 cache on the seesaw kernel's direct split (a call of one request),
-// which widens the blocks in shared memory: several runs and the combine, and one run (out and
-// lse without the combine).
-std::vector<Case> fp8_widened_cases() {
+// An e4m3 query over an e4m3 cache on the seesaw kernel's direct split (a call of one request):
+// - `fp8` false: fewer than five blocks a split, the blocks widened in shared memory: several runs
+//   and the combine, and one run (out and lse without the combine);
+// - `fp8` true: five blocks a split or more, the FP8 seesaw kernel: H 128 at q_len 1 and 2 (pages
+//   64 and 16, sinks, scale tensors), a mask over tiles of two tokens, lse off, a length that
+//   leaves the last run short.
+std::vector<Case> fp8_direct_split_cases(bool fp8) {
   std::vector<Case> cases;
+  auto add = [&](Case c) {
+    c.B = 1;
+    c.q_dtype = kFp8;
+    c.kv_dtype = kFp8;
+    c.seed = (fp8 ? 4610 : 4600) + cases.size();
+    cases.push_back(deepseek(c));
+  };
   Case c;
-  c.B = 1;
   c.H = 128;
   c.page_size = 64;
+  if (!fp8) {
+    c.seq_lens = {8000};
+    add(c);
+    c.q_len = 2;
+    c.seq_lens = {50};
+    c.sinks = true;
+    add(c);
+    return cases;
+  }
   c.seq_lens = {20000};
-  c.q_dtype = kFp8;
-  c.kv_dtype = kFp8;
-  c.seed = 4600;
-  cases.push_back(deepseek(c));
+  add(c);
   c.q_len = 2;
-  c.seq_lens = {50};
+  c.page_size = 16;
+  c.seq_lens = {30001};
   c.sinks = true;
-  c.seed = 4601;
-  cases.push_back(deepseek(c));
+  c.scale_tensors = true;
+  add(c);
+  c = Case();
+  c.H = 32;
+  c.q_len = 4;
+  c.page_size = 64;
+  c.mask = Mask::kU32;
+  c.seq_lens = {20000};
+  c.lse = false;
+  add(c);
   return cases;
 }
 
@@ -1179,9 +1204,11 @@ INSTANTIATE_TEST_SUITE_P(Fp8Mma, Sm90Decode, ::testing::ValuesIn(fp8_direct_case
                          param_name);
 INSTANTIATE_TEST_SUITE_P(Fp8Regs, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kBf16)),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Fp8MmaTiles, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kFp8, true)),
+INSTANTIATE_TEST_SUITE_P(Fp8Seesaw, Sm90Decode, ::testing::ValuesIn(fp8_direct_cases(kFp8, true)),
                          param_name);
-INSTANTIATE_TEST_SUITE_P(Fp8Widened, Sm90Decode, ::testing::ValuesIn(fp8_widened_cases()),
+INSTANTIATE_TEST_SUITE_P(Fp8SeesawDirect, Sm90Decode,
+                         ::testing::ValuesIn(fp8_direct_split_cases(true)), param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8Widened, Sm90Decode, ::testing::ValuesIn(fp8_direct_split_cases(false)),
                          param_name);
 
 // A bf16 query over an e4m3 cache runs fp16 GEMMs over each query row scaled by a power of two
@@ -1247,13 +1274,15 @@ TEST(Sm90DecodeFp8Direct, RoutesReadTheCacheAsItLands) {
     EXPECT_EQ(route.kernel, Kernel::kSeesaw) << case_name(c);
     EXPECT_TRUE(route.fp8_direct) << case_name(c);
   }
-  for (const Case& c : fp8_widened_cases()) {
-    std::unique_ptr<Built> b = build(c);
-    DeviceCall call(*b);
-    const Route route = route_on_device(call.params);
-    EXPECT_EQ(route.kernel, Kernel::kSeesaw) << case_name(c);
-    EXPECT_TRUE(route.layout.direct) << case_name(c);
-    EXPECT_FALSE(route.fp8_direct) << case_name(c);
+  for (bool fp8 : {true, false}) {
+    for (const Case& c : fp8_direct_split_cases(fp8)) {
+      std::unique_ptr<Built> b = build(c);
+      DeviceCall call(*b);
+      const Route route = route_on_device(call.params);
+      EXPECT_EQ(route.kernel, Kernel::kSeesaw) << case_name(c);
+      EXPECT_TRUE(route.layout.direct) << case_name(c);
+      EXPECT_EQ(route.fp8_direct, fp8) << case_name(c);
+    }
   }
 }
 INSTANTIATE_TEST_SUITE_P(DirectSplit, Sm90Decode, ::testing::ValuesIn(direct_split_cases()),

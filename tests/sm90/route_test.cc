@@ -206,14 +206,21 @@ TEST(Sm90Route, Table) {
       {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
        "seesaw schedule parts=26 tiles=5 clean combine"},
       // fp8 caches: the same grids and schedules, never paired; an e4m3 query over an e4m3 cache
-      // on the FP8 tensor cores (the few-rows kernel's tiles), a bf16 query widened in shared
-      // memory.
+      // on the FP8 tensor cores (the FP8 seesaw kernel; on the direct split from five blocks a
+      // split), a bf16 query widened in shared memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
       {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
-      {"fp8, one request: the direct split, widened", dense(1, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw splits=64 direct tiles=2 combine"},
+      {"fp8, one request, two blocks a split: the direct split, widened",
+       dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct tiles=2 combine"},
+      {"fp8, one request, four blocks a split: widened",
+       dense(1, 128, 1).dtypes(kFp8, kFp8).keys(16384), "seesaw splits=64 direct tiles=2 combine"},
+      {"fp8, one request, five blocks a split: the direct split on the FP8 tensor cores",
+       dense(1, 128, 1).dtypes(kFp8, kFp8).keys(20000),
+       "seesaw splits=63 direct fp8_direct tiles=2 combine"},
+      {"fp8, one request, 16 blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
+       "seesaw splits=64 direct fp8_direct tiles=2 combine"},
       {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8),
        "seesaw schedule parts=66 tiles=2 combine"},
       {"fp8 cache, q_len 4: unpaired", dense(8, 128, 4).dtypes(kBf16, kFp8),
@@ -448,13 +455,29 @@ TEST(Sm90Route, Fp8DirectSwitch) {
         "few_rows schedule parts=132 rows=16 fp8_direct combine"},
        {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
         "few_rows splits=4 rows=16 sparse combine"},
-       {"fp8 query and cache, H 128: the few-rows kernel's tiles",
-        dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+       {"fp8 query and cache, H 128: the FP8 seesaw kernel", dense(8, 128, 1).dtypes(kFp8, kFp8),
+        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
        {"sparse, H 128: gathered and widened by a pair",
         dense(8, 128, 1).sparse(512).dtypes(kFp8, kFp8),
         "seesaw splits=8 tiles=2 pair sparse combine"},
        {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
         "few_rows schedule parts=132 rows=16 combine"}});
+}
+
+TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {
+  Switches sw;
+  sw.fp8_seesaw_min_blocks = 2;  // the direct split's FP8 seesaw from two blocks a split
+  expect_routes({{"two blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8),
+                  "seesaw splits=64 direct fp8_direct tiles=2 combine"},
+                 {"one block a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(4096),
+                  "seesaw splits=64 direct tiles=2 combine"}},
+                sw);
+  sw.fp8_seesaw_min_blocks = 1 << 20;  // never on the direct split; the balanced schedule alike
+  expect_routes({{"one request", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
+                  "seesaw splits=64 direct tiles=2 combine"},
+                 {"several requests", dense(8, 128, 1).dtypes(kFp8, kFp8),
+                  "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
+                sw);
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

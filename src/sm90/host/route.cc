@@ -32,6 +32,10 @@ static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's reco
 // below that, and on the direct split at any tile count, the two CTAs' lockstep cost more than
 // the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
 constexpr int64_t kPairMinTiles = 6;
+// The fewest blocks per split at which a call of one request (the direct split) with an e4m3
+// query over an e4m3 cache runs the FP8 seesaw kernel rather than the seesaw kernel over the cache
+// widened in shared memory (docs/perf-notes.md).
+constexpr int64_t kFp8SeesawMinBlocks = 5;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -314,14 +318,17 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
              p.kv_dtype != dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
-    // An e4m3 query over an e4m3 cache on the balanced schedule: the few-rows kernel's FP8 GEMMs
-    // on this grid, each consumer warpgroup taking 32 rows of a tile over every block
-    // (docs/sm90-fp8.md); it keeps non-finite draft keys from the rows that do not attend them
-    // itself (the clean flag is moot there). NOTE: not on the direct split, where each CTA's
-    // few blocks leave the tiles' longer per-block chain exposed (B1 s8192 H128 30.0 us against
-    // 23.5 widened, s65536 60.0 against 57.5: docs/perf-notes.md).
-    r.fp8_direct = sw.fp8_direct && r.layout.scheduled && p.q_dtype == dtype::kFloat8E4M3 &&
-                   p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
+    // An e4m3 query over an e4m3 cache: the FP8 seesaw kernel, both GEMMs on the FP8 tensor
+    // cores (docs/sm90-fp8.md). On the direct split only where each split holds enough blocks:
+    // the FP8 kernel's longer chain per block is exposed where a CTA has few of them, and the
+    // seesaw kernel over the cache widened in shared memory is faster there.
+    const int64_t blocks = ceil_div(
+        std::max<int64_t>(1, ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys)), r.layout.splits);
+    const int64_t min_blocks =
+        sw.fp8_seesaw_min_blocks > 0 ? sw.fp8_seesaw_min_blocks : kFp8SeesawMinBlocks;
+    r.fp8_direct = sw.fp8_direct && (r.layout.scheduled || blocks >= min_blocks) &&
+                   p.q_dtype == dtype::kFloat8E4M3 && p.kv_dtype == dtype::kFloat8E4M3 &&
+                   p.kv_format == KvFormat::kPlain;
   } else {
     r.kernel = Kernel::kSimt;
   }

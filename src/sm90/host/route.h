@@ -65,9 +65,9 @@ struct Route {
   // kFewRows, dense, e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
   // boxes): both on the FP8 tensor cores with an e4m3 query, fp16 GEMMs with the cache widened in
   // registers with a bf16 query (docs/sm90-fp8.md); false: widened in shared memory.
-  // kSeesaw, dense, e4m3 query and cache, balanced schedule: the call runs on the few-rows
-  // kernel's tiled variant (both GEMMs on the FP8 tensor cores) with the seesaw kernel's grid,
-  // schedule and layout.
+  // kSeesaw, dense, e4m3 query and cache: the FP8 seesaw kernel (seesaw_fp8_kernel.cuh, both
+  // GEMMs on the FP8 tensor cores), on the balanced schedule, or on the direct split where each
+  // split holds enough blocks; false: the seesaw kernel over the cache widened in shared memory.
   bool fp8_direct = false;
   int tiles = 0;  // kSeesaw: query-row tiles of 64 per request (the grid's x); sparse: per token
   // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index

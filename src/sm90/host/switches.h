@@ -29,6 +29,10 @@ struct Switches {
   // MLA_SM90_FP8_DIRECT=0: an e4m3 cache on the few-rows kernel is widened in shared memory, not
   // read by the GEMMs as it lands (route.h, Route::fp8_direct).
   bool fp8_direct = true;
+  // MLA_SM90_FP8_SEESAW_MIN_BLOCKS=N (N > 0): the fewest blocks per split at which a call of one
+  // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
+  // (route.cc, kFp8SeesawMinBlocks).
+  int64_t fp8_seesaw_min_blocks = 0;  // 0: the route's own
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

@@ -1,0 +1,564 @@
+// Seesaw decode kernel on the FP8 tensor cores: an e4m3 query over an e4m3 cache, 64-row tiles of
+// the balanced schedule (docs/sm90-fp8.md, "fp8 query and fp8 cache: the FP8 seesaw").
+//
+// Grid mapping: as the seesaw kernel's balanced schedule: blockIdx.x = tile of 64 query rows of a
+// request, blockIdx.y = part of the plan's line (tma::PartCursor); one segment per request the part
+// touches, its partial rows or, for a whole request, out and lse.
+//
+// Warpgroup roles (384 threads):
+//   WG0 producer: the 16-bit kernels' chunk producer over e4m3 boxes (64-byte swizzle), a ring of
+//     four 36 KB stages, block i into stage i % 4.
+//   WG1, WG2 consumers: consumer c owns the blocks of parity c: S = Q K^T for all 64 rows (18 wgmma
+//     m64n64k32, both operands in shared memory, three promoted partials), the row softmax against
+//     the running max handed over by the other consumer, and P (e4m3, 2^8 exp2(S - m)) into the
+//     block's rope chunk, which only S read. Consumer c also owns O^T for V columns 256c .. 256c +
+//     255 (four m tiles of N = 64 rows) and applies every block's P V to it: O^T = a O^T + V^T P^T,
+//     V^T from registers (few_rows::load_fp8_v_fragment), P^T from the rope chunk, each m tile's
+//     partial promoted in fp32.
+// Per round (m: the running max; max(m, x) without slack: P' = 2^8 exp2(s - m) <= 2^8 < 448):
+//   c0: S0; m0 = max(m, rowmax S0), a0, P0 -> both;   O_L = a0 O_L + V0_L^T P0^T;  (waits for c1)
+//       O_L = a1 O_L + V1_L^T P1^T
+//   c1: S1;  (waits for c0) O_R = a0 O_R + V0_R^T P0^T;  m1 = max(m0, rowmax S1), a1, P1 -> both;
+//       O_R = a1 O_R + V1_R^T P1^T
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <climits>
+#include <type_traits>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/few_rows/few_rows_kernel.cuh"  // the e4m3 fragment helpers
+#include "sm90/decode/output.cuh"
+#include "sm90/decode/tma/chunk_producer.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+#include "sm90/decode/tma/ptx.cuh"
+
+namespace mla::sm90::seesaw {
+
+// Named barriers of the FP8 seesaw kernel (id 0 is __syncthreads).
+enum class Fp8Barrier : uint32_t {
+  kConsumers = 1,   // both consumer warpgroups (256 threads)
+  kToSecond = 2,    // first -> second: P of the even block, its max and factor (256, arrive/sync)
+  kToFirst = 3,     // second -> first: P of the odd block, its max and factor
+  kLocalFirst = 4,  // consumer 0 alone (128): its P stores and cleaned V rows, before its own P V
+  kLocalSecond = 5,
+};
+
+struct Fp8SeesawTraits {
+  using T = cute::float_e4m3_t;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kRows = 64;  // query rows per CTA (M of S, N of O^T)
+  static constexpr int kKeys = 64;  // keys per block (N of S)
+  static constexpr int kD = 576;
+  static constexpr int kL = 512;
+  static constexpr int kStages = 4;  // block i in stage i % 4: consumer c's in c and c + 2
+  static constexpr int kColsPerWg = kL / 2;
+  static constexpr int kChunkCols = 64;  // e4m3 bytes per row of a chunk (64-byte swizzle)
+  static constexpr int kStageElemBytes = 1;
+  static constexpr int kChunks = kD / kChunkCols;
+  static constexpr int kLeftChunks = 4;  // V columns 0..255: consumer 0's (empty_l)
+  static constexpr int kRopeChunkBytes = (kL / kChunkCols) * kKeys * kChunkCols;  // P's place
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kRows * kKeys == kKeys * kChunkCols, "P (rows x keys, e4m3) fills the rope chunk");
+
+  using QkAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
+  using PvAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
+  using KAtom = cute::GMMA::Layout_K_SW64_Atom<T>;
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
+  using SmemLayoutK =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kKeys>, cute::Int<kD>>{}));
+  // P^T as O^T's B operand: N = rows, K = keys (the k slots of few_rows::fp8_p_slot), K-major.
+  using SmemLayoutP =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
+  using TiledMmaQk = decltype(cute::make_tiled_mma(QkAtom{}));
+  using TiledMmaPv = decltype(cute::make_tiled_mma(PvAtom{}));
+
+  struct alignas(1024) SharedMemoryPlan {
+    alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
+    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK; P in the rope chunk
+    float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
+    float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
+    float row_sum[kRows];      // consumer 1's row sums at the segment's end
+    uint32_t row_nan[kRows];   // a non-finite O^T value of the row (segment's end)
+    int64_t out_row[kRows];    // the row's offset in out or partial_o (-1: not written)
+    float out_scale[kRows];    // and what its O is multiplied by
+    const uint4* query_row[kRows];
+    uint64_t full[kStages][kChunks];
+    uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer-0 warp
+    uint64_t empty_r[kStages];  // chunks 4..8 read (V_R, P): one arrive per consumer-1 warp
+  };
+  static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
+};
+
+__device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_cast<uint32_t>(b); }
+
+// kDirect: a call of one request (the direct split): blockIdx.y = run of equal runs of the tile's
+// blocks (tma::SplitCursor), partials in the uniform layout.
+template <Elem Q, Elem KV, bool kDirect>
+__global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
+    seesaw_fp8_kernel(const __grid_constant__ DecodeKernelParams p,
+                      const __grid_constant__ CUtensorMap kv_map) {
+  using namespace cute;
+  static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
+  using Traits = Fp8SeesawTraits;
+  using Plan = Traits::SharedMemoryPlan;
+  using tma::mbar_arrive;
+  using tma::mbar_wait;
+  using tma::named_barrier_arrive;
+  using tma::named_barrier_sync;
+  using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
+  constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
+  constexpr int kCols = kRows / 4;  // rows (N columns of O^T) per thread: 16
+  constexpr int kPartialChunks = 3;
+  constexpr float kPShift = 8.0f;  // P' = 2^8 exp2(s - m) <= 2^8 (e4m3's largest finite: 448)
+
+  extern __shared__ uint8_t smem_raw[];
+  Plan& smem = shared_plan<Plan>(smem_raw);
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int issuers = tma::producer_issuers<Traits>(p);
+  tma::init_ring_barriers<Traits>(smem, issuers);
+
+  const int wg = cutlass::canonical_warp_group_idx();
+  if (wg == 0) {
+    tma::regs_dealloc<Traits::kProducerRegs>();
+    const int piece = threadIdx.x / 32;
+    if (piece < issuers && threadIdx.x % 32 == 0) {
+      tma::prefetch_tensor_map(&kv_map);
+      uint32_t used0, used1;
+      tma::walk_segments<Cursor, Traits::kStages>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, u0, u1);
+          });
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  tma::regs_alloc<Traits::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int ctid = threadIdx.x - 128;
+  const int wtid = threadIdx.x - 128 * wg;
+  const int lane = threadIdx.x & 31;
+  const int warp = wtid / 32;
+
+  Traits::TiledMmaQk mma_qk;
+  Traits::TiledMmaPv mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(wtid);
+  auto thr_pv = mma_pv.get_thread_slice(wtid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), Traits::SmemLayoutQ{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 18)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
+  Tensor tSrT = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Traits::kColsPerWg>, Int<kRows>>{});
+  Tensor tOrT = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+  Tensor tOrA = thr_pv.partition_fragment_A(
+      make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));  // (MMA,1,2)
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
+  Tensor tOcO =
+      thr_pv.partition_C(make_identity_tensor(Shape<Int<Traits::kColsPerWg>, Int<kRows>>{}));
+  static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128, "fragments");
+
+  // S's rows (M): slot 0 = tScS(0)'s row, slot 1 = 8 below. O^T's rows (N): slot s of 16.
+  int my_row[2];
+  my_row[0] = get<0>(tScS(0));
+  my_row[1] = get<0>(tScS(2));
+  auto o_row = [&](int s) { return 2 * (lane & 3) + (s & 1) + 8 * (s >> 1); };
+  auto o_slot = [](int v) { return (v & 1) | ((v >> 2) << 1); };  // value v's row slot in O^T
+  const float score_scale = bmm1_scale_of(p) * 1.4426950408889634f;
+
+  // One arrive per warp: consumer 0's reads of the stage's chunks 0..3 and of its P are done
+  // (empty_l), consumer 1's of chunks 4..8 (empty_r).
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (cute::elect_one_sync()) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
+  };
+
+  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bits 0..3)
+  if constexpr (kDirect) {
+    tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, 1>(p, 0, blockIdx.x * kRows, ctid);
+  }
+  Cursor cursor;
+  cursor.begin(p);
+  if constexpr (!kDirect) {
+    cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, 1>(p, ctid);
+  }
+  tma::TileWork w;
+  int64_t partial_row0;
+  while (cursor.next(p, w, partial_row0)) {
+    const int tile_rows = min(kRows, w.rows - w.row0);
+    if (w.block_begin >= w.block_end) {
+      tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
+      continue;
+    }
+    // ---- the query tile (e4m3, 64-byte swizzle; padding rows 0) ----
+    tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
+        p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+        [] { named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads); },
+        [&] {
+          if (ctid < kRows) smem.row_nan[ctid] = 0;
+        });
+    tma::fence_proxy_async_smem();
+    named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
+    clear(tOrO);
+    warpgroup_fence_operand(tOrO);
+
+    // Masks: as the seesaw kernel (rule per S row; padding rows do not count).
+    tma::RowRule rule[2];
+    bool row_valid[2];
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int r = my_row[s];
+      row_valid[s] = r < tile_rows;
+      const int i = (w.row0 + r) / p.num_heads;
+      rule[s].first_query = w.seq_len - w.n;
+      rule[s].mask = nullptr;
+      if (!row_valid[s]) {
+        rule[s].limit = 0;
+      } else if (p.mask != nullptr) {
+        rule[s].limit = w.seq_len;
+        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+        rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+      } else {
+        rule[s].limit = max(0, w.seq_len - w.n + i + 1);
+      }
+    }
+    // The first key some row of the tile does not attend: blocks past it take the masked path in
+    // every thread and clean their V rows from it on.
+    const int tile_limit =
+        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
+    const int unmasked_limit =
+        min(min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX),
+            tile_limit);
+
+    float row_max[2] = {kNegInf, kNegInf};
+    float row_sum[2] = {0.0f, 0.0f};
+
+    // O^T = a O^T + V^T P^T of the block in `stage` (P in its rope chunk), over this consumer's
+    // V columns; a of the thread's 16 rows read where `owner` left them (per m tile: held across
+    // the GEMMs, the 16 factors spilled). Waits for its GEMMs.
+    auto pv_gemm = [&](int stage, int par, int owner) {
+      Tensor sP =
+          make_tensor(make_smem_ptr(reinterpret_cast<Traits::T*>(
+                          reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
+                      Traits::SmemLayoutP{});
+      Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
+      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
+      uint32_t frag[2][2][4];  // [tile parity][k step][register]
+      auto load = [&](int m) {
+        few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
+                                      frag[m & 1]);
+      };
+      auto issue = [&](int m) {
+        warpgroup_fence_operand(tOrT);
+        warpgroup_arrive();
+        mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+        CUTE_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          Tensor a = recast<uint32_t>(tOrA(_, 0, k));
+          CUTE_UNROLL
+          for (int i = 0; i < 4; ++i) a(i) = frag[m & 1][k][i];
+          cute::gemm(mma_pv, tOrA(_, 0, k), tOrP(_, 0, k), tOrT(_, 0, 0));
+          mma_pv.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+      };
+      // NOTE: one partial: O^T (128 registers), two partials and the fragments would not fit.
+      load(0);
+      issue(0);
+      CUTE_UNROLL
+      for (int m = 0; m < 4; ++m) {
+        if (m + 1 < 4) load(m + 1);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrT);
+        // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor
+        // pair a load.
+        CUTE_UNROLL
+        for (int j = 0; j < size(tOrT) / 4; ++j) {
+          const float2 f =
+              *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
+          CUTE_UNROLL
+          for (int e = 0; e < 4; ++e) {
+            const int i = 4 * j + e;
+            tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), tOrT(i));
+          }
+        }
+        if (m + 1 < 4) issue(m + 1);
+      }
+      warpgroup_fence_operand(tOrO);
+    };
+    const int num_blocks = w.block_end - w.block_begin;
+    for (int round = 0; 2 * round < num_blocks; ++round) {
+      const int par = round & 1;
+      const bool has_odd = 2 * round + 1 < num_blocks;
+      const bool mine = cw == 0 || has_odd;
+      // Block 2 round + c in stage c + 2 (round % 2), each stage used every other round.
+      const int stage0 = __shfl_sync(0xffffffffu, 2 * par, 0);
+      const int stage1 = stage0 + 1;
+      const int own_stage = cw == 0 ? stage0 : stage1;
+      const uint32_t phase = ((used >> own_stage) + (round >> 1)) & 1;
+      const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
+
+      if (mine) {
+        // ---- qk_gemm: S = Q K^T, three partials of three chunks, each chunk issued as it lands
+        Tensor sK = make_tensor(make_smem_ptr(smem.k[own_stage]), Traits::SmemLayoutK{});
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 18)
+        auto issue = [&](int c0, auto& t) {
+          warpgroup_fence_operand(t);
+          CUTE_UNROLL
+          for (int c = c0; c < c0 + kPartialChunks; ++c) {
+            mbar_wait(&smem.full[own_stage][c], phase);
+            warpgroup_arrive();
+            mma_qk.accumulate_ = c == c0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            cute::gemm(mma_qk, tSrQ(_, _, 2 * c), tSrK(_, _, 2 * c), t);
+            mma_qk.accumulate_ = GMMA::ScaleOut::One;
+            cute::gemm(mma_qk, tSrQ(_, _, 2 * c + 1), tSrK(_, _, 2 * c + 1), t);
+          }
+          warpgroup_commit_batch();
+        };
+        auto add = [&] {
+          warpgroup_fence_operand(tSrS);
+          warpgroup_fence_operand(tSrT);
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) tSrS(v) += tSrT(v);
+        };
+        issue(0, tSrS);
+        issue(kPartialChunks, tSrT);
+        warpgroup_wait<0>();
+        add();
+        issue(2 * kPartialChunks, tSrT);
+        warpgroup_wait<0>();
+        add();
+      }
+
+      float m_in[2];
+      if (cw == 1) {
+        // ---- consumer 0's hand-off: its max and factor (its P V comes after this consumer's
+        // own hand-off, so that consumer 0 waits for that no longer than the softmax) ----
+        named_barrier_sync(fp8_barrier(Fp8Barrier::kToSecond), Traits::kConsumerThreads);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          m_in[s] = smem.max[par][0][my_row[s]];
+          row_sum[s] *= smem.scale[par][0][my_row[s]];
+        }
+      } else {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+      }
+
+      if (mine) {
+        // ---- mask; row max; softmax; P into the rope chunk (e4m3) ----
+        const bool unmasked =
+            p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+        const float s_mul = unmasked ? score_scale : 1.0f;
+        float block_max[2] = {kNegInf, kNegInf};
+        bool neg_inf[2] = {false, false};
+        if (unmasked) {
+          float abs_max = 0.0f;
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
+            abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
+          }
+          if (abs_max == kInf) {
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
+            }
+          }
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            float s = kNegInf;
+            if (rule[slot].attends(key0 + get<1>(tScS(v)))) {
+              s = tSrS(v) * score_scale;
+              if (s == kNegInf) s = __int_as_float(0x7fffffff);
+            }
+            tSrS(v) = s;
+            block_max[slot] = fmaxf(block_max[slot], s);
+          }
+        }
+        float m_new[2], a_new[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+          block_max[s] *= s_mul;
+          m_new[s] = fmaxf(m_in[s], block_max[s]);
+          const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];
+          a_new[s] = m_new[s] == kNegInf ? 1.0f : exp2f(m_in[s] - m_use);
+          block_max[s] = m_use;
+          row_sum[s] *= a_new[s];
+        }
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) {
+          const int slot = (v >> 1) & 1;
+          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul, kPShift - block_max[slot]));
+          row_sum[slot] += tSrS(v);
+        }
+        // P: keys 16g + {2q, 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3
+        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys.
+        uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
+        uint8_t* p_bytes = stage_bytes + Traits::kRopeChunkBytes;
+        const int q = lane & 3;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int row = my_row[s];
+#pragma unroll
+          for (int g = 0; g < 4; ++g) {
+            const int v0 = 4 * (2 * g) + 2 * s, v1 = 4 * (2 * g + 1) + 2 * s;
+            const uint32_t word =
+                static_cast<uint32_t>(tma::e4m3x2(tSrS(v0), tSrS(v1))) |
+                (static_cast<uint32_t>(tma::e4m3x2(tSrS(v0 + 1), tSrS(v1 + 1))) << 16);
+            const uint32_t offset = row * 64 + ((g ^ ((row >> 1) & 3)) << 4) + 4 * q;
+            *reinterpret_cast<uint32_t*>(p_bytes + offset) = word;
+          }
+        }
+        // V rows past the extent (TMA skips pages past it: stale or NaN bytes) become 0, and draft
+        // keys some row of the tile does not attend lose non-finite values (both halves: the
+        // other consumer reads its V columns after the hand-off).
+        const int valid = min(kKeys, w.extent - key0);
+        const int clean0 = min(valid, max(0, tile_limit - key0));
+        if (clean0 < kKeys) {
+          tma::clean_v_rows_e4m3(stage_bytes, kKeys, kL / Traits::kChunkCols, clean0, valid, wtid,
+                                 128);
+        }
+        if ((lane & 3) == 0) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            smem.max[par][cw][my_row[s]] = m_new[s];
+            smem.scale[par][cw][my_row[s]] = a_new[s];
+          }
+        }
+        tma::fence_proxy_async_smem();
+        named_barrier_sync(
+            fp8_barrier(cw == 0 ? Fp8Barrier::kLocalFirst : Fp8Barrier::kLocalSecond), 128);
+        named_barrier_arrive(fp8_barrier(cw == 0 ? Fp8Barrier::kToSecond : Fp8Barrier::kToFirst),
+                             Traits::kConsumerThreads);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
+      } else {
+#pragma unroll
+        for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+      }
+      if (cw == 1) {
+        // ---- O_R = a0 O_R + V0_R^T P0^T ----
+        pv_gemm(stage0, par, 0);
+        release(stage0);
+      }
+      if (mine) {
+        // ---- this consumer's own block: O^T = a O^T + V^T P^T ----
+        pv_gemm(own_stage, par, cw);
+        release(own_stage);
+      }
+
+      if (cw == 0 && has_odd) {
+        // ---- consumer 1's hand-off: O_L = a1 O_L + V1_L^T P1^T ----
+        named_barrier_sync(fp8_barrier(Fp8Barrier::kToFirst), Traits::kConsumerThreads);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          row_max[s] = smem.max[par][1][my_row[s]];
+          row_sum[s] *= smem.scale[par][1][my_row[s]];
+        }
+        pv_gemm(stage1, par, 1);
+        release(stage1);
+      }
+    }
+
+    // ---- store_rows: sums over both consumers, then each consumer its O^T columns ----
+    CUTE_UNROLL
+    for (int v = 0; v < size(tOrO); ++v) {
+      if (!isfinite(tOrO(v))) smem.row_nan[o_row(o_slot(v % 32))] = 1;
+    }
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
+      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
+      if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
+    }
+    named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
+    constexpr float kPUnscale = 1.0f / 256.0f;
+    if (cw == 0 && (lane & 3) < 2) {
+      const int s = lane & 1;
+      const int r = my_row[s];
+      float z = (row_sum[s] + smem.row_sum[r]) * kPUnscale;
+      if (smem.row_nan[r] != 0) z = __int_as_float(0x7fffffff);
+      const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
+      int64_t out_row = -1;
+      float scale = 0.0f;
+      if (r < tile_rows) {
+        if (w.whole) {
+          const RowTarget t = finish_row(p, w.row0 + r, w.token0, m, z);
+          out_row = t.offset;
+          scale = t.scale;
+        } else {
+          p.partial_max[partial_row0 + r] = m;
+          p.partial_sum[partial_row0 + r] = z;
+          out_row = (partial_row0 + r) * kL;
+          scale = z != 0.0f ? __fdiv_rn(bmm2_scale_of(p), z) : 0.0f;
+        }
+      }
+      smem.out_row[r] = out_row;
+      smem.out_scale[r] = scale;
+    }
+    named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
+    {
+      int64_t row_out[kCols];
+      float row_scale[kCols];
+#pragma unroll
+      for (int s = 0; s < kCols; ++s) {
+        row_out[s] = smem.out_row[o_row(s)];
+        row_scale[s] = smem.out_scale[o_row(s)];
+      }
+      const int cols = w.whole ? p.kv_lora_rank : kL;
+      uint16_t* base = static_cast<uint16_t*>(w.whole ? p.out : p.partial_o);
+      const bool words = !w.whole || p.out_vec16;
+      CUTE_UNROLL
+      for (int v = 0; v < size(tOrO); ++v) {
+        if (v & 2) continue;  // v | 2: the next V column of the same row (few_rows::fp8_o_row)
+        const int s = o_slot(v % 32);
+        const int d = Traits::kColsPerWg * cw + few_rows::fp8_o_row(get<0>(tOcO(v)));
+        const int64_t o = row_out[s];
+        if (o < 0 || d >= cols) continue;
+        const float f = row_scale[s] * kPUnscale;
+        const uint32_t word =
+            pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v | 2) * f : 0.0f);
+        if (words) {
+          *reinterpret_cast<uint32_t*>(base + o + d) = word;
+        } else {
+          base[o + d] = static_cast<uint16_t>(word & 0xffffu);
+          if (d + 1 < cols) base[o + d + 1] = static_cast<uint16_t>(word >> 16);
+        }
+      }
+    }
+    // The blocks each stage held, as the producer counts (block i in stage i % 4).
+    // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its
+    // load; out_row, out_scale and row_nan are read above before any thread gets there.
+    const uint32_t n = num_blocks;
+#pragma unroll
+    for (uint32_t st = 0; st < 4; ++st) used ^= (((n + 3 - st) / 4) & 1) << st;
+  }
+}
+
+template <Elem Q, Elem KV>
+cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
+  constexpr size_t smem = Fp8SeesawTraits::kSmemBytes;
+  auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true> : &seesaw_fp8_kernel<Q, KV, false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
+  return launch(kernel, grid, dim3(Fp8SeesawTraits::kThreads), smem, stream, pdl, params, kv_map);
+}
+
+}  // namespace mla::sm90::seesaw
