@@ -34,7 +34,6 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/few_rows/few_rows_bf16_fp8_r32.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r16.cu
     src/sm90/decode/few_rows/few_rows_fp8_fp8_r32.cu
-    src/sm90/decode/few_rows/few_rows_fp8_fp8_tiled.cu
     src/sm90/decode/few_rows/few_rows_bf16_ds_mla_r16.cu
     src/sm90/decode/few_rows/few_rows_bf16_ds_mla_r32.cu
     # ... and its sparse instantiations (one file per (query, kv_cache) pair, both row counts).

@@ -1008,25 +1008,26 @@ std::vector<Case> pair_cases() {
 // to 256, lengths 0, 1, a block and one past, short and 16001; ragged queries, masks, sinks, scale
 // tensors, skip-softmax, fp16 out without lse, 4-D layouts, scores spread widely enough that e4m3
 // P reaches its subnormal range and 0, and a mixed batch on the balanced schedule:
-// - the few-rows kernel (`tiles` false): with an e4m3 query on the FP8 tensor cores, with a bf16
+// - the few-rows kernel (`seesaw` false): with an e4m3 query on the FP8 tensor cores, with a bf16
 //   query in fp16 GEMMs widened into registers; heads 1, 3, 16 at q_len 1..4 and 16 (H x q_len <=
 //   32), strided query rows;
-// - the FP8 seesaw kernel on the balanced schedule (`tiles`, an e4m3 query, more than 32 rows a
+// - the FP8 seesaw kernel on the balanced schedule (`seesaw`, an e4m3 query, more than 32 rows a
 //   request): heads 128, 64, 40, 20, 16 and 3 at q_len 1..4 and 16, tiles that span two tokens,
 //   requests of one segment.
-std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
+std::vector<Case> fp8_direct_cases(DataType q_dtype, bool seesaw = false) {
   std::vector<Case> cases;
   auto add = [&](Case c) {
     c.q_dtype = q_dtype;
     c.kv_dtype = kFp8;
-    c.seed = (tiles ? 4500 : q_dtype == kFp8 ? 4100 : 4200) + cases.size();
+    c.seed = (seesaw ? 4500 : q_dtype == kFp8 ? 4100 : 4200) + cases.size();
     cases.push_back(deepseek(c));
   };
   using Shape = std::pair<int, int>;  // H, q_len
   const std::vector<Shape> shapes =
-      tiles ? std::vector<Shape>{{128, 1}, {128, 2}, {64, 1}, {40, 2},
-                                 {20, 4},  {16, 4},  {3, 16}, {128, 4}}
-            : std::vector<Shape>{{1, 1}, {1, 2}, {1, 16}, {3, 1}, {3, 4}, {16, 1}, {16, 2}, {8, 4}};
+      seesaw
+          ? std::vector<Shape>{{128, 1}, {128, 2}, {64, 1}, {40, 2},
+                               {20, 4},  {16, 4},  {3, 16}, {128, 4}}
+          : std::vector<Shape>{{1, 1}, {1, 2}, {1, 16}, {3, 1}, {3, 4}, {16, 1}, {16, 2}, {8, 4}};
   const int page_sizes[2][4] = {{16, 64, 256, 32}, {64, 16, 256, 32}};
   int n = 0;
   for (auto [H, q_len] : shapes) {
@@ -1034,7 +1035,7 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
     c.B = 4;
     c.H = H;
     c.q_len = q_len;
-    c.page_size = page_sizes[tiles ? 1 : 0][n % 4];
+    c.page_size = page_sizes[seesaw ? 1 : 0][n % 4];
     c.seq_lens = {n % 2 ? 16001 : 700, 0, q_len, 65};
     if (n % 3 == 2 && q_dtype == kFp8) c.out_dtype = kFp16;
     c.lse = n % 4 != 3;
@@ -1043,34 +1044,34 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
   }
   Case c;
   c.B = 3;
-  c.H = tiles ? 64 : 16;
-  c.ragged_q_lens = tiles ? std::vector<int>{2, 1, 3} : std::vector<int>{2, 1, 2};
+  c.H = seesaw ? 64 : 16;
+  c.ragged_q_lens = seesaw ? std::vector<int>{2, 1, 3} : std::vector<int>{2, 1, 2};
   c.max_q_len_hint = true;  // without it the route assumes 5 tokens a request: the seesaw kernel
   c.seq_lens = {900, 2, 64};
   c.page_size = 64;
   c.sinks = true;
   add(c);
-  if (tiles) c.H = 40;  // tiles that span tokens
+  if (seesaw) c.H = 40;  // tiles that span tokens
   c.ragged_q_lens = {1, 2, 0};
   c.sinks = false;
   c.scale_tensors = true;
   add(c);
   c = Case();
   c.B = 3;
-  c.H = tiles ? 20 : 8;
+  c.H = seesaw ? 20 : 8;
   c.q_len = 4;
   c.mask = Mask::kU32;
   c.seq_lens = {1000, 4, 130};
   c.page_size = 16;
   add(c);
-  c.H = tiles ? 128 : 16;
+  c.H = seesaw ? 128 : 16;
   c.q_len = 2;
   c.mask = Mask::kU16;
-  c.strided = !tiles && q_dtype != kFp8;  // padded e4m3 query rows are not 16-byte multiples: SIMT
+  c.strided = !seesaw && q_dtype != kFp8;  // padded e4m3 query rows are not 16-byte multiples: SIMT
   add(c);
   c = Case();
   c.B = 2;
-  c.H = tiles ? 128 : 16;
+  c.H = seesaw ? 128 : 16;
   c.seq_lens = {3000, 129};
   c.page_size = 64;
   c.kv4d = true;
@@ -1083,17 +1084,17 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool tiles = false) {
   add(c);
   c = Case();
   c.B = 40;
-  c.H = tiles ? 64 : 16;
+  c.H = seesaw ? 64 : 16;
   c.q_len = 2;
   c.page_size = 64;
   {
-    mla_test::Rng rng(tiles ? 45 : 41);
+    mla_test::Rng rng(seesaw ? 45 : 41);
     for (int b = 0; b < c.B; ++b) c.seq_lens.push_back(rng.randint(0, 5000));
   }
   c.seq_lens[1] = 1;
   c.seq_lens[2] = 64;
   add(c);
-  if (tiles) {
+  if (seesaw) {
     c = Case();
     c.B = 2;  // requests of one segment each: out and lse without the combine's partials
     c.H = 128;

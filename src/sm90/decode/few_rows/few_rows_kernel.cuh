@@ -19,8 +19,6 @@
 //       A = V^T: the K block read MN-major, B = P from shared memory)
 //     The two consumers share no state until the segment's end, where they merge their
 //     (m, l, O^T) through the stages of their last blocks, which they release only then.
-//   kTiled (e4m3 query and cache, the seesaw kernel's calls): a 64-row tile per CTA, consumer c
-//     its rows 32 c .. over every block of a 4-stage ring, finishing them from registers.
 // Longer rationale: docs/sm90-few-rows.md.
 #pragma once
 
@@ -111,12 +109,12 @@ struct SegmentState {
 // tma::Formats.
 template <Elem Q, Elem KV, bool kSparse>
 inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == Elem::kFp8E4M3;
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false, bool kTiled = false>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false>
 using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
                   : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
                                                        : tma::Formats<Q, KV>::kCompute,
-                  kRows, kFp8Direct && Q == Elem::kBf16, kTiled>;
+                  kRows, kFp8Direct && Q == Elem::kBf16>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -217,11 +215,7 @@ __device__ __forceinline__ constexpr int fp8_o_row(int l) {
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
-// kTiled (kFp8Mma, N = 32): the seesaw kernel's calls (more than 32 query rows a request), a CTA
-// per 64-row tile (blockIdx.x) on that kernel's grid and schedule: consumer c takes the tile's rows
-// 32 c .. 32 c + 31 over every block of the segment (no hand-off, no merge), and finishes its rows
-// from registers (docs/sm90-fp8.md).
-template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false, bool kTiled = false>
+template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false>
 __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
@@ -230,16 +224,14 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   static_assert(!kFp8Direct || (F::kFp8Cache && !kSparse), "a dense call's e4m3 cache");
   constexpr bool kFp8Mma = kFp8Direct && F::kFp8Query;
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
-  static_assert(!kTiled || (kFp8Mma && kRowsN == 32), "tiles: e4m3 GEMMs of 32 rows a consumer");
   // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
   constexpr bool kScaledQuery = kFp8Regs || kScaledSparseQuery<Q, KV, kSparse>;
-  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kTiled>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
   constexpr int kCols = Traits::kColsPerThread;
   constexpr int kStages = Traits::kStages;
-  constexpr int kCtaRows = Traits::kCtaRows;  // query rows of the CTA's tile
   // kFp8Mma: chunks of the K block per promoted partial of the score sums (below, qk_gemm).
   constexpr int kPartialChunks = 3;
 
@@ -272,7 +264,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
-    tma::init_ring_barriers<Traits, false, kWiden, kFp8Direct, kTiled ? 2 : 1>(smem, issuers);
+    tma::init_ring_barriers<Traits, false, kWiden, kFp8Direct>(smem, issuers);
   }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
@@ -343,9 +335,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   auto thr_qk = mma_qk.get_thread_slice(wtid);
   auto thr_pv = mma_pv.get_thread_slice(wtid);
 
-  // kTiled: this consumer's 32 rows of the tile.
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q + (kTiled ? cw * kRows * Traits::kD : 0)),
-                          typename Traits::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_B(sQ);  // (MMA, 1, 36) descriptors
   Tensor sP = make_tensor(make_smem_ptr(smem.p[cw]), typename Traits::SmemLayoutP{});
   Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 4)
@@ -386,9 +376,6 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // The thread's query rows (columns of S^T and O^T): slot s is the column of the values v with
   // col_slot(v) == s.
   auto my_col = [&](int s) { return 2 * (lane & 3) + (s & 1) + 8 * (s >> 1); };
-  // The tile row of column slot s (kTiled: consumer c's columns are rows 32 c ..).
-  const int row_base = kTiled ? cw * kRows : 0;
-  auto my_row = [&](int s) { return row_base + my_col(s); };
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
@@ -412,7 +399,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   SegmentState& seg = *reinterpret_cast<SegmentState*>(smem.segment);
   static_assert(sizeof(SegmentState) <= sizeof(smem.segment), "segment state");
   while (cursor.next(p, w, partial_row0)) {
-    const int tile_rows = min(kCtaRows, w.rows - w.row0);
+    const int tile_rows = min(kRows, w.rows - w.row0);
     if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
       tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
       continue;
@@ -436,9 +423,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
     // both consumers passed its final barrier.
     {
-      tma::load_query_tile_rows<kCtaRows, Traits::kConsumerThreads,
+      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
-                                kScaledQuery, kFp8Regs, kRows>(
+                                kScaledQuery, kFp8Regs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [] {
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
@@ -452,7 +439,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // the bmm1 scale times the inverse of the row's fp16 scale (read where used: held across the
     // blocks, the N = 32 loop spilled).
     auto col_scale = [&](int s) {
-      return kScaledQuery ? score_scale * smem.query_unscale[my_row(s)] : score_scale;
+      return kScaledQuery ? score_scale * smem.query_unscale[my_col(s)] : score_scale;
     };
 
     // A row attends keys j < limit (and, with a custom mask, the mask rule). Sparse: every row
@@ -469,12 +456,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // past the extent and -1 entries as zeros.
     int min_limit = seg.tile_limit;
 #pragma unroll
-    for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_row(s)));
+    for (int s = 0; s < kCols; ++s) min_limit = min(min_limit, limit_of(my_col(s)));
     // The attended-set rule of slot s (tma::RowRule), built where a block needs masking.
     auto rule_of = [&](int s) {
       const tma::TileWork& sw = seg.w;
       tma::RowRule rule;
-      const int r = my_row(s);
+      const int r = my_col(s);
       rule.limit = limit_of(r);
       rule.first_query = sw.seq_len - sw.n;
       rule.mask = nullptr;
@@ -493,24 +480,17 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       col_sum[s] = 0.0f;
     }
 
-    // kTiled: both consumers take every block (block it in stage it % 4).
-    for (int it = kTiled ? 0 : cw; it < num_blocks; it += kTiled ? 1 : 2) {
-      const int round = kTiled ? it : it / 2;
+    for (int it = cw; it < num_blocks; it += 2) {
+      const int round = it / 2;
       const int par = round & 1;
       // Stage of the block and its phase: 16-bit rings, stage cw (used: its blocks so far); e4m3
-      // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1); kTiled,
-      // stage it % 4 (used: the four stages' parities, bits 0..3, as the producer's).
+      // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1).
       // NOTE: broadcast from lane 0 (as cutlass::canonical_warp_group_idx does), so that the
       // compiler knows the stage is warp-uniform and builds its GMMA descriptors in uniform
       // registers (from `it`, ~8 R2UR and moves came before every chunk's wgmmas).
-      const int stage = __shfl_sync(0xffffffffu,
-                                    kTiled         ? it & 3
-                                    : kStages == 2 ? cw
-                                                   : cw + 2 * (round & 1),
-                                    0);
-      const uint32_t phase = kTiled         ? ((used >> stage) + (it >> 2)) & 1
-                             : kStages == 2 ? (used + round) & 1
-                                            : ((used >> (round & 1)) + (round >> 1)) & 1;
+      const int stage = __shfl_sync(0xffffffffu, kStages == 2 ? cw : cw + 2 * (round & 1), 0);
+      const uint32_t phase =
+          kStages == 2 ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
       const int key0 = (seg.w.block_begin + it) * kKeys;
       T* k_stage = smem.k[stage];
 
@@ -524,9 +504,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // score sums are taken in three partials of three chunks (six k steps, 192 products)
           // each, every one started from zero, and added in fp32 (the error model:
           // docs/sm90-fp8.md, Precision): the first into S itself, the next two issued before the
-          // previous one is added. (Partials of one chunk each cost the tiles of the seesaw
-          // kernel's calls ~900 more FADD per block, ~10% of their instructions and 3.7% of their
-          // time: docs/perf-notes.md.)
+          // previous one is added. (Partials of one chunk each cost the 64-row tiles this
+          // kernel once ran on the seesaw kernel's calls ~900 more FADD per block, ~10% of their
+          // instructions and 3.7% of their time: docs/perf-notes.md.)
           auto issue = [&](int c0, auto& t) {
             warpgroup_fence_operand(t);
             CUTE_UNROLL
@@ -671,7 +651,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         bool negligible = true;
 #pragma unroll
         for (int s = 0; s < kCols; ++s) {
-          negligible = negligible && (my_row(s) >= tile_rows ||
+          negligible = negligible && (my_col(s) >= tile_rows ||
                                       exp2f(block_max[s] - col_max[s]) < skip_threshold);
         }
         if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst, cw), 128, negligible)) {
@@ -735,16 +715,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         const int valid = min(kKeys, seg.w.extent - key0);
         // From the first key some row of the tile does not attend (tile_limit).
         const int clean0 = min(valid, max(0, seg.tile_limit - key0));
-        if (kTiled && clean0 < kKeys) {
-          // NOTE: both consumers read this stage: its V rows (the keys' first 512 columns) change
-          // only once both S GEMMs are done, and both P V GEMMs read them after the second
-          // barrier. Both consumers take this branch for the same blocks (the tile's extent and
-          // limit).
-          named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-          tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
-                                 kL / Traits::kChunkCols, clean0, valid, ctid,
-                                 Traits::kConsumerThreads);
-        } else if (kFp8Direct && clean0 < kKeys) {
+        if (kFp8Direct && clean0 < kKeys) {
           tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
                                  kL / Traits::kChunkCols, clean0, valid, wtid, 128);
         } else if (!kSparse && clean0 < kKeys) {
@@ -753,16 +724,11 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                             wtid, 128);
         }
         fence_proxy_async_smem();
-        if (kTiled && clean0 < kKeys) {
-          named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-        } else {
-          named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
-        }
+        named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
       }
 
-      // The consumer's last block of the segment keeps its stage (the merge below goes through
-      // it); kTiled: no merge.
-      const bool keep = !kTiled && it + 2 >= num_blocks;
+      // The consumer's last block of the segment keeps its stage (the merge below goes through it).
+      const bool keep = it + 2 >= num_blocks;
       if constexpr (kFp8Mma) {
         // ---- pv_gemm on the FP8 tensor cores: per m tile (V chunk), V^T from registers into a
         // partial accumulator from zero, then O^T = a O^T + partial in fp32; the next tile's
@@ -888,202 +854,135 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     }
     // kFp8Mma: P was 2^8 times larger (kPShift), and so are the sums and O.
     constexpr float kPUnscale = kFp8Mma ? 1.0f / 256.0f : 1.0f;
-    if constexpr (kTiled) {
-      // ---- store_rows (kTiled): each consumer finishes its own rows (no merge) ----
-      // NOTE: this barrier (both consumer warpgroups) orders the sum and final_max stores above
-      // before the reads below, and the next one the out_row and out_scale stores before theirs;
-      // the next segment writes them again only after the barriers of its query tile's load.
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      const int tile_rows_end = seg.tile_rows;
-      const bool whole = seg.w.whole;
-      if (ctid < tile_rows_end) {
-        // Tile row ctid is column ctid % 32 of consumer ctid / 32.
-        const int c = ctid / kRows, col = ctid - c * kRows;
-        const float m = smem.final_max[c][col];
-        float l = 0.0f;
+    // Consumer c holds the stage of its last block (kept above) where it had one: a segment of
+    // one block leaves consumer 1 none, and its stages may then already hold the next segment's
+    // blocks.
+    const bool has_second = num_blocks >= 2;
+    // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum
+    // stores above before every read below, and the barrier after the last reads orders those
+    // before the next segment's stores. compute-sanitizer's racecheck does not credit
+    // partial-count named barriers and reports this pair as RAW hazards (docs/sm90-few-rows.md,
+    // Sanitizers).
+    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    // Row c's max over both consumers (natural log units) and its sum at that max.
+    auto row_total = [&](int c, float& m_nat, float& l) {
+      const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
+      const float m = fmaxf(m0, m1);
+      const float m_use = m == kNegInf ? 0.0f : m;
+      float l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
-        for (int x = 0; x < 4; ++x) l += smem.sum[c][x][col];
-        l *= kPUnscale;
-        const float m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-        if (whole) {
-          // The request's only segment: the combine's normalization (output.cuh) here.
-          const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
-          smem.out_row[ctid] = target.offset;
-          smem.out_scale[ctid] = target.scale;
-        } else {
-          // A partial: max, sum and o = bmm2 O / sum (params.h).
-          const int64_t row0 = seg.partial_row0;
-          p.partial_max[row0 + ctid] = m_nat;
-          p.partial_sum[row0 + ctid] = l;
-          smem.out_row[ctid] = (row0 + ctid) * kL;
-          smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
-        }
+      for (int x = 0; x < 4; ++x) {
+        l0 += smem.sum[0][x][c];
+        l1 += smem.sum[1][x][c];
       }
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      // O^T values v and v | 2 of a thread are V columns d and d + 1 (fp8_o_row) of one query
-      // row: one 4-byte store per pair, 8 lanes of a warp filling 32 contiguous bytes of a row.
-      int64_t row_out[kCols];  // the slot's row's offset in out or partial_o (-1: not written)
-      float row_scale[kCols];  // and what its O is multiplied by (0: a row without a key)
+      m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
+      l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
+    };
+    // The stage of consumer c's last block of the segment (it kept it).
+    auto kept_stage = [&](int c) {
+      const int rounds = (num_blocks + 1 - c) / 2;
+      return kStages == 2 ? c : c + 2 * ((rounds - 1) & 1);
+    };
+    const int own_stage = kept_stage(cw);
+    // Consumer c's kept stage holds factor x O^T as [row][kMergeStride] floats (conflict-free
+    // stores), kMergeCols columns per pass.
+    constexpr int kStride = Traits::kMergeStride;
+    constexpr int kPassCols = Traits::kMergeCols;
+    constexpr int kTilesPerPass = kPassCols / 64;  // O^T m tiles (64 columns each) per pass
+    float factor[kCols];                           // exp2(own max - merged max)
 #pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        const int r = my_row(s);
-        row_out[s] = r < tile_rows_end ? smem.out_row[r] : -1;
-        row_scale[s] = r < tile_rows_end ? smem.out_scale[r] : 0.0f;
-      }
-      const int cols = whole ? p.kv_lora_rank : kL;  // partial rows are 512 wide (route.h)
-      uint16_t* base = static_cast<uint16_t*>(whole ? p.out : p.partial_o);
-      const bool words = !whole || p.out_vec16;  // 4-byte-aligned pairs
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) {
-        if (v & 2) continue;  // v | 2: the next column of the same row
-        const int s = col_slot(v % (kRows / 2));
-        const int d = fp8_o_row(get<0>(tOcO(v)));
-        const int64_t o = row_out[s];
-        if (o < 0 || d >= cols) continue;
-        const float f = row_scale[s];  // NOTE: a row without a key gets 0, whatever O holds
-        const uint32_t word = pack_out(p, f != 0.0f ? tOrO(v) * kPUnscale * f : 0.0f,
-                                       f != 0.0f ? tOrO(v | 2) * kPUnscale * f : 0.0f);
-        if (words) {
-          *reinterpret_cast<uint32_t*>(base + o + d) = word;
-        } else {
-          base[o + d] = static_cast<uint16_t>(word & 0xffffu);
-          if (d + 1 < cols) base[o + d + 1] = static_cast<uint16_t>(word >> 16);
-        }
-      }
-      const uint32_t n = num_blocks;  // the blocks stages 0..3 held, as the producer counts
-#pragma unroll
-      for (uint32_t st = 0; st < 4; ++st) used ^= (((n + 3 - st) / 4) & 1) << st;
-    } else {
-      // Consumer c holds the stage of its last block (kept above) where it had one: a segment of
-      // one block leaves consumer 1 none, and its stages may then already hold the next segment's
-      // blocks.
-      const bool has_second = num_blocks >= 2;
-      // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum
-      // stores above before every read below, and the barrier after the last reads orders those
-      // before the next segment's stores. compute-sanitizer's racecheck does not credit
-      // partial-count named barriers and reports this pair as RAW hazards (docs/sm90-few-rows.md,
-      // Sanitizers).
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      // Row c's max over both consumers (natural log units) and its sum at that max.
-      auto row_total = [&](int c, float& m_nat, float& l) {
-        const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
-        const float m = fmaxf(m0, m1);
-        const float m_use = m == kNegInf ? 0.0f : m;
-        float l0 = 0.0f, l1 = 0.0f;
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          l0 += smem.sum[0][x][c];
-          l1 += smem.sum[1][x][c];
-        }
-        m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-        l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
-      };
-      // The stage of consumer c's last block of the segment (it kept it).
-      auto kept_stage = [&](int c) {
-        const int rounds = (num_blocks + 1 - c) / 2;
-        return kStages == 2 ? c : c + 2 * ((rounds - 1) & 1);
-      };
-      const int own_stage = kept_stage(cw);
-      // Consumer c's kept stage holds factor x O^T as [row][kMergeStride] floats (conflict-free
-      // stores), kMergeCols columns per pass.
-      constexpr int kStride = Traits::kMergeStride;
-      constexpr int kPassCols = Traits::kMergeCols;
-      constexpr int kTilesPerPass = kPassCols / 64;  // O^T m tiles (64 columns each) per pass
-      float factor[kCols];                           // exp2(own max - merged max)
-#pragma unroll
-      for (int s = 0; s < kCols; ++s) {
-        const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
-        factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
-      }
-      const int tile_rows_end = seg.tile_rows;
-      const bool whole = seg.w.whole;
-      const float* first = reinterpret_cast<const float*>(smem.k[kept_stage(0)]);
-      const float* second = reinterpret_cast<const float*>(smem.k[has_second ? kept_stage(1) : 0]);
-      // Partial rows are 512 wide whatever L is (route.h); out rows L.
-      const int cols = whole ? p.kv_lora_rank : kL;
-      CUTE_UNROLL
-      for (int pass = 0; pass < Traits::kMergePasses; ++pass) {
-        // NOTE: the previous pass's reads of the stages end at the barrier at the end of this loop.
-        if (cw == 0 || has_second) {
-          float* own = reinterpret_cast<float*>(smem.k[own_stage]);
-          CUTE_UNROLL
-          for (int v = 0; v < size(tOrO); ++v) {
-            if (v / (kRows / 2) / kTilesPerPass != pass) continue;  // its m tile
-            const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
-            own[get<1>(tOcO(v)) * kStride + l - pass * kPassCols] =
-                factor[col_slot(v % (kRows / 2))] * tOrO(v);
-          }
-        }
-        if (pass == 0) {
-          // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out
-          // or partial_o) and what its O is multiplied by.
-          if (ctid < tile_rows_end) {
-            const int64_t row0 = seg.partial_row0;  // the segment's first partial row
-            float m_nat, l;
-            row_total(ctid, m_nat, l);
-            if (whole) {
-              // The request's only segment: the combine's normalization (output.cuh) here.
-              const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
-              smem.out_row[ctid] = target.offset;
-              smem.out_scale[ctid] = target.scale;
-            } else {
-              // A partial: max, sum and o = bmm2 O / sum (params.h).
-              p.partial_max[row0 + ctid] = m_nat;
-              p.partial_sum[row0 + ctid] = l;
-              smem.out_row[ctid] = (row0 + ctid) * kL;
-              smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
-            }
-          }
-        }
-        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-        for (int e = ctid; e < tile_rows_end * (kPassCols / 8); e += Traits::kConsumerThreads) {
-          const int c = e / (kPassCols / 8), dp = (e - c * (kPassCols / 8)) * 8;
-          const int d = pass * kPassCols + dp;
-          const int64_t o = smem.out_row[c];
-          if (o < 0 || d >= cols) continue;
-          const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
-          float v[8];
-#pragma unroll
-          for (int k = 0; k < 8; k += 4) {
-            float4 a = *reinterpret_cast<const float4*>(first + c * kStride + dp + k);
-            if (has_second) {
-              const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + dp + k);
-              a.x += b.x;
-              a.y += b.y;
-              a.z += b.z;
-              a.w += b.w;
-            }
-            v[k + 0] = f != 0.0f ? a.x * f : 0.0f;
-            v[k + 1] = f != 0.0f ? a.y * f : 0.0f;
-            v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
-            v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
-          }
-          const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
-                                         pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
-          if (whole) {
-            store_out8(p, o + d, words);
-          } else {
-            *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
-          }
-        }
-        // Every thread's reads of both stages (and, after the last pass, of out_row, out_scale, sum
-        // and final_max) are done: the next pass may overwrite them, and after the last pass the
-        // kept stages go back to the producer, which may already wait for them with the next
-        // segment's first blocks.
-        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      }
+    for (int s = 0; s < kCols; ++s) {
+      const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
+      factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
+    }
+    const int tile_rows_end = seg.tile_rows;
+    const bool whole = seg.w.whole;
+    const float* first = reinterpret_cast<const float*>(smem.k[kept_stage(0)]);
+    const float* second = reinterpret_cast<const float*>(smem.k[has_second ? kept_stage(1) : 0]);
+    // Partial rows are 512 wide whatever L is (route.h); out rows L.
+    const int cols = whole ? p.kv_lora_rank : kL;
+    CUTE_UNROLL
+    for (int pass = 0; pass < Traits::kMergePasses; ++pass) {
+      // NOTE: the previous pass's reads of the stages end at the barrier at the end of this loop.
       if (cw == 0 || has_second) {
-        release(&smem.empty_l[own_stage]);
-        release(&smem.empty_r[own_stage]);
+        float* own = reinterpret_cast<float*>(smem.k[own_stage]);
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) {
+          if (v / (kRows / 2) / kTilesPerPass != pass) continue;  // its m tile
+          const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
+          own[get<1>(tOcO(v)) * kStride + l - pass * kPassCols] =
+              factor[col_slot(v % (kRows / 2))] * tOrO(v);
+        }
       }
-      if constexpr (kStages == 2) {
-        used += (num_blocks + 1 - cw) / 2;
-      } else {
-        const uint32_t rounds = (num_blocks + 1 - cw) / 2;  // on stages cw and cw + 2 by parity
-        used ^= (((rounds + 1) / 2) & 1) | (((rounds / 2) & 1) << 1);
+      if (pass == 0) {
+        // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out
+        // or partial_o) and what its O is multiplied by.
+        if (ctid < tile_rows_end) {
+          const int64_t row0 = seg.partial_row0;  // the segment's first partial row
+          float m_nat, l;
+          row_total(ctid, m_nat, l);
+          if (whole) {
+            // The request's only segment: the combine's normalization (output.cuh) here.
+            const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
+            smem.out_row[ctid] = target.offset;
+            smem.out_scale[ctid] = target.scale;
+          } else {
+            // A partial: max, sum and o = bmm2 O / sum (params.h).
+            p.partial_max[row0 + ctid] = m_nat;
+            p.partial_sum[row0 + ctid] = l;
+            smem.out_row[ctid] = (row0 + ctid) * kL;
+            smem.out_scale[ctid] = l != 0.0f ? __fdiv_rn(bmm2_scale_of(p), l) : 0.0f;
+          }
+        }
       }
-    }  // kTiled
-  }    // segments
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+      for (int e = ctid; e < tile_rows_end * (kPassCols / 8); e += Traits::kConsumerThreads) {
+        const int c = e / (kPassCols / 8), dp = (e - c * (kPassCols / 8)) * 8;
+        const int d = pass * kPassCols + dp;
+        const int64_t o = smem.out_row[c];
+        if (o < 0 || d >= cols) continue;
+        const float f = smem.out_scale[c];  // NOTE: a row without a key gets 0, whatever O holds
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k += 4) {
+          float4 a = *reinterpret_cast<const float4*>(first + c * kStride + dp + k);
+          if (has_second) {
+            const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + dp + k);
+            a.x += b.x;
+            a.y += b.y;
+            a.z += b.z;
+            a.w += b.w;
+          }
+          v[k + 0] = f != 0.0f ? a.x * f : 0.0f;
+          v[k + 1] = f != 0.0f ? a.y * f : 0.0f;
+          v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
+          v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
+        }
+        const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                                       pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
+        if (whole) {
+          store_out8(p, o + d, words);
+        } else {
+          *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
+        }
+      }
+      // Every thread's reads of both stages (and, after the last pass, of out_row, out_scale, sum
+      // and final_max) are done: the next pass may overwrite them, and after the last pass the
+      // kept stages go back to the producer, which may already wait for them with the next
+      // segment's first blocks.
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    }
+    if (cw == 0 || has_second) {
+      release(&smem.empty_l[own_stage]);
+      release(&smem.empty_r[own_stage]);
+    }
+    if constexpr (kStages == 2) {
+      used += (num_blocks + 1 - cw) / 2;
+    } else {
+      const uint32_t rounds = (num_blocks + 1 - cw) / 2;  // on stages cw and cw + 2 by parity
+      used ^= (((rounds + 1) / 2) & 1) | (((rounds / 2) & 1) << 1);
+    }
+  }  // segments
 }
 
 template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
@@ -1108,21 +1007,6 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   }
   if (fp8_direct) return cudaErrorInvalidValue;  // the route asks it of e4m3 caches only
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
-}
-
-template <Elem Q, Elem KV>
-cudaError_t launch_few_rows_tiled(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                                  int num_tiles, cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, 32, true, false, true>;
-  constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, 32, false, true, true>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (err != cudaSuccess) return err;
-  // The seesaw kernel's grid: (tiles, parts) on the balanced schedule, else (tiles, B, splits).
-  const dim3 grid = params.sched_requests != nullptr
-                        ? dim3(num_tiles, params.num_parts)
-                        : dim3(num_tiles, params.batch, params.num_splits);
-  return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
 }
 
 template <Elem Q, Elem KV, int kRows>

@@ -24,16 +24,6 @@ template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl, bool fp8_direct = false);
 
-// An e4m3 query over an e4m3 cache on the seesaw kernel's calls (more than kMaxRows query rows a
-// request), its grid and workspace layout (num_tiles query-row tiles of 64 per request; the
-// balanced schedule where params.sched_requests is set, else the uniform layout, one request
-// with params.direct_out where it has one split): both GEMMs on the FP8 tensor cores, each
-// consumer warpgroup taking 32 rows of the tile over every block, the blocks as they land over a
-// kv_map of 64-byte-swizzled boxes (docs/sm90-fp8.md).
-template <Elem Q, Elem KV>
-cudaError_t launch_few_rows_tiled(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                                  int num_tiles, cudaStream_t stream, bool pdl);
-
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout.
 template <Elem Q, Elem KV, int kRows>

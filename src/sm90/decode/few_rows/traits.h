@@ -98,13 +98,10 @@ enum class NamedBarrier : uint32_t {
 };
 
 // E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take
-// from registers (GmmaOpsRegs). kTiled (e4m3 GEMMs, N = 32): a CTA takes a 64-row tile of the
-// seesaw kernel's calls, its consumers splitting the rows (32 each) and both taking every block
-// (few_rows_kernel.cuh, kTiled; docs/sm90-fp8.md).
-template <Elem E, int kRowsN, bool kRegsA = false, bool kTiled = false>
+// from registers (GmmaOpsRegs).
+template <Elem E, int kRowsN, bool kRegsA = false>
 struct FewRowsTraits {
   static_assert(!kRegsA || E == Elem::kFp16, "registers widen e4m3 to fp16");
-  static_assert(!kTiled || (E == Elem::kFp8E4M3 && kRowsN == 32), "tiles of e4m3 GEMMs, N 32");
   using Ops = std::conditional_t<kRegsA, GmmaOpsRegs<kRowsN>, GmmaOps<E, kRowsN>>;
   using T = typename Ops::Type;
   // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
@@ -116,20 +113,16 @@ struct FewRowsTraits {
 
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kRows = kRowsN;  // padded query rows per consumer (GEMM N)
-  // Query rows per CTA: kRows, or with kTiled the two consumers' 32 each (a 64-row tile).
-  static constexpr int kCtaRows = kTiled ? 2 * kRowsN : kRowsN;
-  static constexpr int kKeys = 64;  // keys per block (one pipeline stage, GEMM M of S^T)
-  static constexpr int kD = 576;    // key width: kv_lora_rank 512 + rope 64
-  static constexpr int kL = 512;    // value width
+  static constexpr int kRows = kRowsN;  // padded query rows per CTA (GEMM N)
+  static constexpr int kKeys = 64;      // keys per block (one pipeline stage, GEMM M of S^T)
+  static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
+  static constexpr int kL = 512;        // value width
   // Consumer c takes every block of parity c with its own online softmax: stage s holds the
   // blocks of parity s. kRegsA (36 KB e4m3 stages, consumers busy widening): four stages, consumer
   // c's blocks alternating between stages c and c + 2, so that each consumer has a block landing
   // while it widens another (B128 H16 -2.5%; the e4m3 GEMMs lost 3 to 10% with four:
   // docs/perf-notes.md).
-  // kTiled: both consumers take every block, block i in stage i % 4, so that three blocks land
-  // while both work on one.
-  static constexpr int kStages = kRegsA || kTiled ? 4 : 2;
+  static constexpr int kStages = kRegsA ? 4 : 2;
   static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
@@ -167,27 +160,24 @@ struct FewRowsTraits {
   static constexpr int kMergePasses = kStages == 4 && kRows == 32 ? 2 : 1;
   static constexpr int kMergeCols = kL / kMergePasses;
   static constexpr int kMergeStride = kMergeCols + 4;
-  // kTiled: no merge (each consumer finishes its own rows from registers).
   static constexpr int kStageBytes =
-      (cute::max(kKeys * kD * kStageElemBytes, kTiled ? 0 : kMergeStride* kRows * 4) + 1023) /
-      1024 * 1024;
+      (cute::max(kKeys * kD * kStageElemBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
 
   struct alignas(1024) SharedMemoryPlan {
-    // query tile, SmemLayoutQ (padding rows 0); kTiled: consumer c's 32 rows at q + c * kRows * kD
-    alignas(1024) T q[kCtaRows * kD];
+    alignas(1024) T q[kRows * kD];  // query tile, SmemLayoutQ (padding rows 0)
     alignas(1024) T k[kStages][kStageBytes / sizeof(T)];  // K blocks, SmemLayoutK
     alignas(1024) T p[2][kRows * kKeys];                  // [consumer] P of its block, SmemLayoutP
-    float max[2][2][4][kRows];  // [consumer][block parity][warp] block max over the warp's keys
-    float sum[2][4][kRows];     // [consumer][warp] row sums over the warp's keys, at the end
-    float final_max[2][kRows];  // [consumer] running max at the end
-    int64_t out_row[kCtaRows];  // the row's offset in out (one split; -1: not written) or
-    float out_scale[kCtaRows];  // partial_o, and what its O is multiplied by
-    const uint4* query_row[kCtaRows];  // the query tile's row addresses (null: padding)
-    uint32_t query_max[kCtaRows];      // kRegsA: the query rows' largest |value| (float bits)
-    float query_unscale[kCtaRows];     // kRegsA: 2^-s, the inverse of the row's fp16 scale
+    float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
+    float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
+    float final_max[2][kRows];      // [consumer] running max at the end
+    int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
+    float out_scale[kRows];         // partial_o, and what its O is multiplied by
+    const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
+    uint32_t query_max[kRows];      // kRegsA: the query rows' largest |value| (float bits)
+    float query_unscale[kRows];     // kRegsA: 2^-s, the inverse of the row's fp16 scale
     // The consumers' current segment (few_rows_kernel.cuh, SegmentState), written by consumer
     // thread 0 at its start and read where needed, not held in registers across its blocks.
     alignas(16) uint8_t segment[128];
@@ -198,7 +188,7 @@ struct FewRowsTraits {
     uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
     // Chunks 0..3 / 4..8 consumed: one arrive per consumer warp (an e4m3 cache read as it lands:
-    // per consumer thread; kTiled: of both consumers).
+    // per consumer thread).
     uint64_t empty_l[kStages];
     uint64_t empty_r[kStages];
   };

@@ -27,13 +27,11 @@ __device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
 // kFp8: an e4m3 cache (fp8_ring.cuh): the issuers' boxes complete the chunk's `landed` barrier
 // instead, and `full` completes once the one warp that widens the chunk has arrived.
 // kThreadReleases: every consumer thread arrives on the empty barriers, not one per warp.
-// kGroups: consumer warpgroups that release each stage (2: both read every block).
-template <typename Traits, bool kPair = false, bool kFp8 = false, bool kThreadReleases = false,
-          int kGroups = 1>
+template <typename Traits, bool kPair = false, bool kFp8 = false, bool kThreadReleases = false>
 __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
                                                    int issuers) {
   static_assert(!(kPair && kFp8), "fp8 caches run unpaired");
-  constexpr uint32_t kReleases = (kPair ? 2 : 1) * kGroups * (kThreadReleases ? 128 : 128 / 32);
+  constexpr uint32_t kReleases = (kPair ? 2 : 1) * (kThreadReleases ? 128 : 128 / 32);
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {

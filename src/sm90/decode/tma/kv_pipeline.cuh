@@ -321,8 +321,7 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
 // `in_flight` runs while the loads are in flight, before any thread stores into `dst` (every
 // thread calls it). The caller fences and syncs.
 // kE4m3Tile: an e4m3 query kept as e4m3 for the FP8 tensor cores, into a 64-byte-swizzled chunk
-// sequence (swizzled_offset_e4m3); kChunkRows < kRows: rows in groups of kChunkRows, each group its
-// own chunk sequence, one after the other (the few-rows kernel's tiles of two 32-row halves).
+// sequence (swizzled_offset_e4m3).
 // kScaledHalf: a bf16 query stored as fp16 (for fp16 GEMMs over a widened e4m3 cache), each row
 // scaled by the power of two 2^s that puts its largest |value| in [2^14, 2^15) (exact for every
 // value above 2^-31 of that largest one: docs/sm90-fp8.md), 2^-s written to row_unscale[r] (1 for
@@ -332,8 +331,7 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
 // registers (few_rows_kernel.cuh, load_e4m3_k_fragment): in each group of 16 columns the 4-byte
 // words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
-          bool kScaledHalf = false, bool kPermute16 = false, int kChunkRows = kRows, typename Sync,
-          typename InFlight>
+          bool kScaledHalf = false, bool kPermute16 = false, typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
@@ -343,7 +341,6 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
   static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
   static_assert(!kScaledHalf || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
   static_assert(!kPermute16 || kScaledHalf, "the permuted tile is the scaled one");
-  static_assert(kChunkRows == kRows || (kE4m3Tile && kRows % kChunkRows == 0), "e4m3 row groups");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
   constexpr int kElemBytes = kFp8 || kE4m3Tile ? 1 : 2;
   if (tid < kRows) {
@@ -485,10 +482,7 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
     const int r = e / kVecs, v = e - r * kVecs;
     if (kRows * kVecs % kThreads == 0 || r < kRows) {
       if constexpr (kE4m3Tile) {
-        const int group = r / kChunkRows;
-        *reinterpret_cast<uint4*>(
-            dst + group * kChunkRows * 576 +
-            swizzled_offset_e4m3(r - group * kChunkRows, v * 16, kChunkRows)) = value[k];
+        *reinterpret_cast<uint4*>(dst + swizzled_offset_e4m3(r, v * 16, kRows)) = value[k];
       } else if constexpr (kFp8) {
         uint4 lo, hi;
         widen_e4m3x16<Widen>(value[k], lo, hi);
