@@ -206,6 +206,27 @@ __device__ __forceinline__ constexpr int fp8_o_row(int l) {
   return (l & ~15) | ((l & 7) << 1) | ((l >> 3) & 1);
 }
 
+// One m tile's partial of the e4m3 PV GEMM over a block's two k steps, issued as one commit group:
+// t = V^T P^T, A (V^T) from the registers `frag` (load_fp8_v_fragment) through tOrA's registers,
+// B (P^T) the shared-memory fragment tOrP.
+template <typename Mma, typename FragA, typename FragB, typename Acc>
+__device__ __forceinline__ void issue_fp8_pv(Mma& mma, FragA& tOrA, FragB& tOrP, Acc& t,
+                                             const uint32_t (&frag)[2][4]) {
+  using namespace cute;
+  warpgroup_fence_operand(t);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < 2; ++k) {
+    Tensor a = recast<uint32_t>(tOrA(_, 0, k));
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) a(i) = frag[k][i];
+    cute::gemm(mma, tOrA(_, 0, k), tOrP(_, 0, k), t(_, 0, 0));
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads; or, with
 // kFp8Direct (an e4m3 cache, dense calls), the cache lands as e4m3 and the GEMMs read it there:
@@ -741,18 +762,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           load_fp8_v_fragment(stage_addr, m, warp, lane, frag[m & 1]);
           if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[stage]);
           if (!keep && m == kL / 64 - 1) release(&smem.empty_r[stage]);
-          warpgroup_fence_operand(t);
-          warpgroup_arrive();
-          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
-          CUTE_UNROLL
-          for (int k = 0; k < 2; ++k) {
-            Tensor a = recast<uint32_t>(tOrA(_, 0, k));
-            CUTE_UNROLL
-            for (int i = 0; i < 4; ++i) a(i) = frag[m & 1][k][i];
-            cute::gemm(mma_pv, tOrA(_, 0, k), tOrP(_, 0, k), t(_, 0, 0));
-            mma_pv.accumulate_ = GMMA::ScaleOut::One;
-          }
-          warpgroup_commit_batch();
+          issue_fp8_pv(mma_pv, tOrA, tOrP, t, frag[m & 1]);
         };
         auto add = [&](int m, auto& t) {
           warpgroup_fence_operand(t);

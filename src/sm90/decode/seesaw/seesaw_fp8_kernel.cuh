@@ -257,20 +257,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
                                       frag[m & 1]);
       };
-      auto issue = [&](int m) {
-        warpgroup_fence_operand(tOrT);
-        warpgroup_arrive();
-        mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
-        CUTE_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          Tensor a = recast<uint32_t>(tOrA(_, 0, k));
-          CUTE_UNROLL
-          for (int i = 0; i < 4; ++i) a(i) = frag[m & 1][k][i];
-          cute::gemm(mma_pv, tOrA(_, 0, k), tOrP(_, 0, k), tOrT(_, 0, 0));
-          mma_pv.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-      };
+      auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
       // NOTE: one partial: O^T (128 registers), two partials and the fragments would not fit.
       load(0);
       issue(0);
