@@ -626,10 +626,13 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
           // registers): sync the warpgroup there. The hand-off orders every thread's stores before
           // the other consumer's reads.
-          if (clean0 < kKeys) {
-            named_barrier_sync(
-                barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
-          }
+          // NOTE: synced in every block, not only where rows were zeroed: with the one-way
+          // hand-off barrier alone, racecheck reported the max and factor stores against the
+          // other consumer's reads (31,232 hazards each over two Fp8Widened cases); this costs
+          // nothing measurable (docs/perf-notes.md, "The seesaw kernel's hand-off under
+          // racecheck").
+          named_barrier_sync(
+              barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
           named_barrier_arrive(
               barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
               Traits::kConsumerThreads);
