@@ -350,6 +350,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
+  // NOTE: before every 256-thread barrier that hands stores of one consumer warpgroup to the
+  // other, each warpgroup syncs itself: with the 256-thread barrier alone, racecheck reported such
+  // pairs as hazards (docs/sm90-few-rows.md, Sanitizers).
+  auto sync_local = [&] { named_barrier_sync(barrier_id(NamedBarrier::kLocalFirst, cw), 128); };
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
@@ -448,7 +452,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
                                 kScaledQuery, kFp8Regs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-          [] {
+          [&] {
+            sync_local();  // the row pointers, stored by the first warp
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
           },
           [] {}, smem.query_max, smem.query_unscale);
@@ -732,17 +737,19 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           }
         }
         // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
-        // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
+        // (poisoned cache, stale stage), and P = 0 times NaN is NaN. The fp8 ring widens them
+        // into zeros (kWiden: nothing to zero, and no store into the widening warps' rows).
         const int valid = min(kKeys, seg.w.extent - key0);
+        const int zero_end = kWiden ? valid : kKeys;  // rows [valid, zero_end) are zeroed
         // From the first key some row of the tile does not attend (tile_limit).
         const int clean0 = min(valid, max(0, seg.tile_limit - key0));
         if (kFp8Direct && clean0 < kKeys) {
           tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
                                  kL / Traits::kChunkCols, clean0, valid, wtid, 128);
-        } else if (!kSparse && clean0 < kKeys) {
+        } else if (!kSparse && clean0 < zero_end) {
           tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys, kL / Traits::kChunkCols,
-                            clean0, valid, std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u,
-                            wtid, 128);
+                            clean0, zero_end, valid,
+                            std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
         }
         fence_proxy_async_smem();
         named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
@@ -868,11 +875,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     // one block leaves consumer 1 none, and its stages may then already hold the next segment's
     // blocks.
     const bool has_second = num_blocks >= 2;
-    // NOTE: this barrier (both consumer warpgroups, 256 threads) orders the final_max and sum
-    // stores above before every read below, and the barrier after the last reads orders those
-    // before the next segment's stores. compute-sanitizer's racecheck does not credit
-    // partial-count named barriers and reports this pair as RAW hazards (docs/sm90-few-rows.md,
-    // Sanitizers).
+    // NOTE: the 256-thread barrier orders the final_max and sum stores above before every read
+    // below, and the barrier after the last reads orders those before the next segment's stores.
+    sync_local();
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     // Row c's max over both consumers (natural log units) and its sum at that max.
     auto row_total = [&](int c, float& m_nat, float& l) {
@@ -945,6 +950,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           }
         }
       }
+      sync_local();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
       for (int e = ctid; e < tile_rows_end * (kPassCols / 8); e += Traits::kConsumerThreads) {
         const int c = e / (kPassCols / 8), dp = (e - c * (kPassCols / 8)) * 8;
@@ -980,6 +986,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       // and final_max) are done: the next pass may overwrite them, and after the last pass the
       // kept stages go back to the producer, which may already wait for them with the next
       // segment's first blocks.
+      sync_local();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
     if (cw == 0 || has_second) {

@@ -94,7 +94,9 @@ enum class NamedBarrier : uint32_t {
   kPSecond = 5,
   kVoteFirst = 6,  // skip-softmax vote of consumer warpgroup 0 (128 threads)
   kVoteSecond = 7,
-  kWiden = 8,  // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
+  kWiden = 8,       // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
+  kLocalFirst = 9,  // consumer warpgroup 0 alone (128 threads), before each segment-end hand-off
+  kLocalSecond = 10,
 };
 
 // E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take

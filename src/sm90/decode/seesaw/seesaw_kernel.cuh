@@ -133,6 +133,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   // The producer warpgroup's registers: 56 where it widens or gathers, 88 where it holds a block
   // ahead in registers (the pair's gather).
   constexpr bool kWideProducer = F::kFp8Cache || kGather;
+  // The fp8 ring (tma/fp8_ring.cuh): its widening warps store keys past the extent as zeros.
+  constexpr bool kWidenRing = F::kFp8Cache && !kGather;
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
@@ -594,17 +596,21 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           }
           // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
           // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-          // kSparse: the gather lands keys past the extent as zeros: nothing to clean.
+          // kSparse: the gather lands keys past the extent as zeros: nothing to clean. The fp8
+          // ring widens them into zeros: nothing to zero (and no store of this warpgroup's into
+          // the widening warps' rows, which racecheck reported against their stores: the
+          // widening warp's arrive is one lane's).
           const int valid = kSparse ? kKeys : min(kKeys, w.extent - key0);
+          const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
           // kClean: from the first key some row of the tile does not attend (tile_limit).
           const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
           if constexpr (kClean) {
-            if (clean0 < kKeys) {
+            if (clean0 < zero_end) {
               tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
-                                Traits::kL / Traits::kChunkCols, clean0, valid,
+                                Traits::kL / Traits::kChunkCols, clean0, zero_end, valid,
                                 std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
             }
-          } else if (valid < kKeys) {
+          } else if (valid < zero_end) {
             uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
             constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
             const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
@@ -736,8 +742,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     }
     // NOTE: consumer 1's sums reach consumer 0 through smem.row_sum: this barrier (both consumer
     // warpgroups) orders the stores before consumer 0's reads below, and the next barrier orders
-    // those reads before the next segment's stores. racecheck does not credit partial-count named
-    // barriers and reports the pair (docs/sm90-seesaw.md, Resources).
+    // those reads before the next segment's stores. The writing warpgroup syncs itself first:
+    // with the 256-thread barrier alone racecheck reports such pairs (docs/sm90-seesaw.md,
+    // Sanitizers).
+    if (cw == 1) named_barrier_sync(barrier_id(NamedBarrier::kLocalSecond), 128);
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
     // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
@@ -766,6 +774,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       }
       smem.out_scale[r] = scale;
     }
+    // NOTE: consumer 0's out_scale stores reach both warpgroups (the writer syncs itself first,
+    // as above).
+    if (cw == 0) named_barrier_sync(barrier_id(NamedBarrier::kLocalFirst), 128);
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
     {

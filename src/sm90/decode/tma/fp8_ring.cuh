@@ -93,8 +93,10 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
 // whole: lane l reads 16-byte pieces l + 32 j (j < 8; piece e: key e / 4, columns 16 (e % 4) ..),
 // all eight in flight, and writes the 32 bytes each widens to into the chunk's 128-byte-swizzled
 // 16-bit rows; the warp then arrives on the chunk's full barrier once its stores are fenced for
-// the async proxy. Pieces of keys past the extent widen whatever the stage holds: the consumers
-// mask those keys and zero their V rows, as for 16-bit caches.
+// the async proxy. Keys past the extent (whatever the landing area holds there: TMA skips their
+// pages) widen into zeros: the consumers mask those keys, and their V rows must be finite for P V
+// (the 16-bit kernels zero them in the consumers; here it costs a branch per chunk and keeps the
+// consumers from storing into rows that the widening warps wrote).
 // NOTE: whole chunks per warp (eight loads in flight per lane, one fence and one arrive per chunk
 // and warp, a barrier per round) replaced three warps splitting every chunk, whose loads' latency
 // and nine fences per block were most of the widening time (docs/perf-notes.md).
@@ -124,6 +126,7 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
     const int stage = it & 1;
     const uint32_t phase = ((phases >> stage) + (it >> 1)) & 1;
     uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+    const int left = w.extent - (w.block_begin + it) * Traits::kKeys;  // keys before the extent
 #pragma unroll 1
     for (int r = 0; r < kRounds; ++r) {
       const int c = r * kWidenWarps + warp;
@@ -132,6 +135,14 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
       uint4 v[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * 512);
+      // NOTE: a branch, not a select per piece: the widening is the producer's critical path, and
+      // a select per widened piece cost 8.5% at B128 q1 H128 (docs/perf-notes.md).
+      if (left < Traits::kKeys) {
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          if (key0 + 8 * j >= left) v[j] = make_uint4(0, 0, 0, 0);  // e4m3 0 widens to 0
+        }
+      }
       // NOTE: chunk c (>= 4) overwrites e4m3 chunks 2c - 9 and 2c - 8: chunks of earlier rounds
       // or of this one (chunk 8 itself), all read by every warp before this barrier.
       if (r > 0) named_barrier_sync(barrier, kWidenThreads);

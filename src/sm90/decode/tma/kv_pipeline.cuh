@@ -246,23 +246,24 @@ struct RowRule {
   }
 };
 
-// V rows [r_begin, keys) of a stage (v_chunks chunks of `keys` rows of 64 values) made safe for
-// P V: rows from `valid` on (keys past the extent: TMA loads whole boxes and skips pages past it,
-// so they may hold NaN from a poisoned cache or a stale stage) become 0; rows [r_begin, valid)
-// (draft keys, positions seq_len - n_b .. seq_len - 1, which some rows of a tile attend and others
-// do not) keep their finite values and lose their non-finite ones. P is 0 for a row that does not
-// attend a key, and 0 times NaN is NaN; a row that attends a non-finite key already holds a NaN
-// score, which carries the NaN into its sum, lse and out (contract section 1). Call once S is
-// computed. Threads tid, tid + nthreads, ... share the 16-byte pieces.
-// kElemBytes 2: 16-bit values, 128-byte rows, non-finite where the exponent bits `exp_mask` are
-// all ones (0x7f80 bf16, 0x7c00 fp16); 1: e4m3 values, 64-byte rows (the 64-byte swizzle keeps a
-// row's bytes within it), whose only non-finite values are NaN, 0x7f and 0xff.
+// V rows [r_begin, r_end) of a stage (v_chunks chunks of `keys` rows of 64 values; r_end is
+// `keys`, or `valid` where the rows past it are zero already: the fp8 ring's widening,
+// fp8_ring.cuh) made safe for P V: rows from `valid` on (keys past the extent: TMA loads whole
+// boxes and skips pages past it, so they may hold NaN from a poisoned cache or a stale stage)
+// become 0; rows [r_begin, valid) (draft keys, positions seq_len - n_b .. seq_len - 1, which some
+// rows of a tile attend and others do not) keep their finite values and lose their non-finite ones.
+// P is 0 for a row that does not attend a key, and 0 times NaN is NaN; a row that attends a
+// non-finite key already holds a NaN score, which carries the NaN into its sum, lse and out
+// (contract section 1). Call once S is computed. Threads tid, tid + nthreads, ... share the 16-byte
+// pieces. kElemBytes 2: 16-bit values, 128-byte rows, non-finite where the exponent bits `exp_mask`
+// are all ones (0x7f80 bf16, 0x7c00 fp16); 1: e4m3 values, 64-byte rows (the 64-byte swizzle keeps
+// a row's bytes within it), whose only non-finite values are NaN, 0x7f and 0xff.
 template <int kElemBytes>
 __device__ __forceinline__ void clean_v_rows_of(uint8_t* k_bytes, int keys, int v_chunks,
-                                                int r_begin, int valid, uint32_t exp_mask, int tid,
-                                                int nthreads) {
+                                                int r_begin, int r_end, int valid,
+                                                uint32_t exp_mask, int tid, int nthreads) {
   constexpr int kRowBytes = 64 * kElemBytes, kPieces = kRowBytes / 16;  // 8 or 4
-  const int n = (keys - r_begin) * v_chunks * kPieces;
+  const int n = (r_end - r_begin) * v_chunks * kPieces;
   for (int e = tid; e < n; e += nthreads) {
     const int piece = e & (kPieces - 1), rest = e >> (kElemBytes == 2 ? 3 : 2);
     const int chunk = rest % v_chunks, r = r_begin + rest / v_chunks;
@@ -289,12 +290,13 @@ __device__ __forceinline__ void clean_v_rows_of(uint8_t* k_bytes, int keys, int 
   }
 }
 __device__ __forceinline__ void clean_v_rows(uint8_t* k_bytes, int keys, int v_chunks, int r_begin,
-                                             int valid, uint32_t exp_mask, int tid, int nthreads) {
-  clean_v_rows_of<2>(k_bytes, keys, v_chunks, r_begin, valid, exp_mask, tid, nthreads);
+                                             int r_end, int valid, uint32_t exp_mask, int tid,
+                                             int nthreads) {
+  clean_v_rows_of<2>(k_bytes, keys, v_chunks, r_begin, r_end, valid, exp_mask, tid, nthreads);
 }
 __device__ __forceinline__ void clean_v_rows_e4m3(uint8_t* k_bytes, int keys, int v_chunks,
                                                   int r_begin, int valid, int tid, int nthreads) {
-  clean_v_rows_of<1>(k_bytes, keys, v_chunks, r_begin, valid, 0, tid, nthreads);
+  clean_v_rows_of<1>(k_bytes, keys, v_chunks, r_begin, keys, valid, 0, tid, nthreads);
 }
 
 // Byte offset of element (row, col) of a [rows x 64 k] 128-byte-swizzled chunk sequence.
