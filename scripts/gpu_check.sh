@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with a Hopper GPU: builds with CUDA, runs the whole suite (CTest,
 # then pytest with the PyTorch GPU tests), then compute-sanitizer's memcheck, racecheck, synccheck
-# and initcheck over the sm90 tests, and prints one summary line per step.
+# and initcheck over the sm90 tests, and prints one summary line per step and tool.
 #
 #   scripts/gpu_check.sh [LOG_DIR]        logs go to LOG_DIR (default: build/gpu-check)
+#
+# The sanitizers run over groups of tests (below), each (tool, group) pair a process of its own,
+# MLA_SANITIZE_JOBS of them at a time on the one GPU, so that the step takes about as long as its
+# slowest process rather than their sum (racecheck over all the decode groups in one process ran
+# past 430 s on an H100).
 #
 # Environment:
 #   MLA_PYTHON              interpreter with PyTorch, apache-tvm-ffi, numpy, ml_dtypes and pytest
 #                           (default: python3); the module is built against its apache-tvm-ffi
-#   MLA_SANITIZE_FILTER     gtest filter of the sm90 tests the sanitizers run (default below: every
+#   MLA_GPU_CHECK_STEPS     the steps to run (default: build suite sanitize; without build, the
+#                           existing build is used)
+#   MLA_SANITIZE_FILTER     gtest filter of the sm90 decode tests the sanitizers run, as one group
+#                           (default: the groups fewrows, calls, splits and pairs below: every
 #                           kernel and route at small sizes; '*' runs all, which takes long)
 #   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
 #                           both kernels, the block and split cases, NaN propagation)
 #   MLA_SANITIZE_FP8_FILTER the same for the decode tests over e4m3 caches (default: the few-rows
-#                           kernel's routes, the FP8 seesaw kernel on both layouts and the widened
-#                           ring), run apart from the filter above so that each stays within the
-#                           timeout
+#                           kernel's routes, the FP8 seesaw kernel on both layouts, the widened
+#                           ring, the bf16-query routes)
 #   MLA_SANITIZE_TOOLS      the tools to run (default: memcheck racecheck synccheck initcheck)
-#   MLA_SANITIZE_TIMEOUT    seconds each tool may take (default 300)
+#   MLA_SANITIZE_TIMEOUT    seconds each (tool, group) process may take (default 420)
+#   MLA_SANITIZE_JOBS       processes at a time (default 8)
+# racecheck: LOG_DIR/sanitize-racecheck-GROUP.log holds the first 2000 hazards and the total, and
+# LOG_DIR/sanitize-racecheck-GROUP.classes counts the displayed ones by their two source lines; the
+# step's line names the groups that are not clean.
 # Needs .deps/cutlass and .deps/googletest (scripts/setup_deps.sh, or copies of them). Exits 1 when
 # any step fails.
 set -uo pipefail
@@ -29,52 +40,105 @@ summary=()
 failed=0
 note() { summary+=("$1"); echo "gpu_check: $1" >&2; }
 
+steps=" ${MLA_GPU_CHECK_STEPS:-build suite sanitize} "
+
 # ---- build ----
 export PATH="$PATH:/usr/local/cuda/bin"
-if ! { cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA=ON \
+if [[ $steps != *" build "* ]]; then
+  note "build: skipped (MLA_GPU_CHECK_STEPS)"
+elif ! { cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DMLA_ENABLE_CUDA=ON \
   -DMLA_BUILD_TESTS=ON -DMLA_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$python")" &&
   cmake --build "$root/build" -j "$(nproc)"; } >"$logs/build.log" 2>&1; then
   note "build: FAILED (see $logs/build.log)"
   printf '%s\n' "${summary[@]}"
   exit 1
+else
+  note "build: ok"
 fi
-note "build: ok"
 
 # ---- the suite ----
-(cd "$root/build" && ctest --output-on-failure -j 4) >"$logs/ctest.log" 2>&1
-rc=$?
-note "ctest: $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1) (rc $rc)"
-[ $rc -eq 0 ] || failed=1
-MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
-  "$python" -m pytest "$root/tests/python" -q >"$logs/pytest.log" 2>&1
-rc=$?
-note "pytest: $(tail -1 "$logs/pytest.log") (rc $rc)"
-[ $rc -eq 0 ] || failed=1
+if [[ $steps == *" suite "* ]]; then
+  (cd "$root/build" && ctest --output-on-failure -j 4) >"$logs/ctest.log" 2>&1
+  rc=$?
+  note "ctest: $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1) (rc $rc)"
+  [ $rc -eq 0 ] || failed=1
+  MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    "$python" -m pytest "$root/tests/python" -q >"$logs/pytest.log" 2>&1
+  rc=$?
+  note "pytest: $(tail -1 "$logs/pytest.log") (rc $rc)"
+  [ $rc -eq 0 ] || failed=1
+fi
 
 # ---- compute-sanitizer over the sm90 tests ----
-default_filter='FewRows/*:DirectSplit/*:Pairs/*:OneSplit/*:Ragged/*:Sm90DecodeGraph.*'
-default_filter+=':Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*'
-default_filter+=':Sm90DecodeDsMla.*'
-filter=${MLA_SANITIZE_FILTER:-$default_filter}
-sparse_filter=${MLA_SANITIZE_SPARSE_FILTER:-'Formats/*:Blocks/*:Sm90SparseNaN.*'}
-fp8_filter=${MLA_SANITIZE_FP8_FILTER:-'Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*'}
-for tool in ${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
-  for suite in decode fp8 sparse; do
-    log="$logs/sanitize-$tool.log"
-    f=$filter
-    [ $suite = sparse ] && log="$logs/sanitize-$tool-sparse.log" && f=$sparse_filter
-    [ $suite = fp8 ] && log="$logs/sanitize-$tool-fp8.log" && f=$fp8_filter
-    extra=()
-    [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-    timeout "${MLA_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 \
-      "$root/build/tests/sm90_${suite/fp8/decode}_test" --gtest_filter="$f" >"$log" 2>&1
-    rc=$?
-    errors=$(grep -E '^========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" | tail -1)
-    tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')
-    note "$tool ($suite): ${errors:-no summary} ${tests}(rc $rc)"
-    [ $rc -eq 0 ] || failed=1
+groups=()  # name|test binary|gtest filter
+if [ -n "${MLA_SANITIZE_FILTER:-}" ]; then
+  groups+=("decode|sm90_decode_test|$MLA_SANITIZE_FILTER")
+else
+  groups+=("fewrows|sm90_decode_test|FewRows/*:Ragged/*")
+  groups+=("calls|sm90_decode_test|Sm90DecodeGraph.*:Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*:Sm90DecodeDsMla.*")
+  groups+=("splits|sm90_decode_test|OneSplit/*:DirectSplit/*")
+  groups+=("pairs|sm90_decode_test|Pairs/*")
+fi
+groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}")
+groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Sm90SparseNaN.*}")
+tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+# One (tool, group) process; its rc goes to LOG.rc.
+sanitize_one() {
+  local tool=$1 name=$2 bin=$3 filter=$4
+  local log="$logs/sanitize-$tool-$name.log" extra=()
+  [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
+  timeout "${MLA_SANITIZE_TIMEOUT:-420}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+    --print-limit 2000 --error-exitcode 3 "$root/build/tests/$bin" --gtest_filter="$filter" \
+    >"$log" 2>&1
+  echo $? >"$log.rc"
+}
+if [[ $steps == *" sanitize "* ]]; then
+  running=0
+  for tool in $tools; do
+    for g in "${groups[@]}"; do
+      IFS='|' read -r name bin filter <<<"$g"
+      if [ "$running" -ge "${MLA_SANITIZE_JOBS:-8}" ]; then
+        wait -n
+        running=$((running - 1))
+      fi
+      sanitize_one "$tool" "$name" "$bin" "$filter" &
+      running=$((running + 1))
+    done
   done
-done
+  wait
+  for tool in $tools; do
+    total=0 passed=0 bad=() ok=1
+    for g in "${groups[@]}"; do
+      IFS='|' read -r name bin filter <<<"$g"
+      log="$logs/sanitize-$tool-$name.log"
+      rc=$(cat "$log.rc" 2>/dev/null || echo missing)
+      # "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: K hazards displayed (N errors, ...)"
+      n=$(grep -E '^========= (ERROR|RACECHECK) SUMMARY' "$log" | tail -1 |
+        sed -E 's/.*\(([0-9]+) errors.*/\1/; s/.*SUMMARY: ([0-9]+) error.*/\1/')
+      p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | sed -E 's/^\[  PASSED  \] ([0-9]+).*/\1/')
+      failed_tests=$(grep -cE '^\[  FAILED  \] [^0-9]' "$log")
+      # A group that ran no test (a filter that matches none, no Hopper GPU) checked nothing.
+      if [ "$rc" != 0 ] || ! [[ $n =~ ^[0-9]+$ ]] || [ "$failed_tests" != 0 ] || [ "${p:-0}" = 0 ]; then
+        ok=0
+        bad+=("$name (rc $rc, ${n:-no summary} errors, ${p:-no} tests passed, $failed_tests failed)")
+      fi
+      if [ "$tool" = racecheck ] && [ "${n:-0}" != 0 ]; then
+        # Hazard classes among the displayed ones: count, kind, first access -> second access.
+        awk '/Potential [A-Z]+ hazard/ { match($0, /Potential [A-Z]+/); t = substr($0, RSTART + 10, RLENGTH - 10); k = 0; next }
+             /(Write|Read) Thread/ && t != "" { match($0, /(Write|Read) Thread/); a = substr($0, RSTART, RLENGTH - 7)
+               match($0, / in [^ ]+$/); s[k++] = a "@" substr($0, RSTART + 4)
+               if (k == 2) { c[t " " s[0] " -> " s[1]]++; t = "" } }
+             END { for (x in c) print c[x], x }' "$log" | sort -rn >"$logs/sanitize-$tool-$name.classes"
+      fi
+      [[ $n =~ ^[0-9]+$ ]] && total=$((total + n))
+      [ -n "$p" ] && passed=$((passed + p))
+    done
+    line="$tool: $total errors/hazards over ${#groups[@]} groups, $passed tests passed"
+    [ ${#bad[@]} -gt 0 ] && line+="; not clean: ${bad[*]}"
+    note "$line (logs: $logs/sanitize-$tool-*.log)"
+    [ $ok -eq 1 ] || failed=1
+  done
+fi
 
 echo
 printf '%s\n' "${summary[@]}"
