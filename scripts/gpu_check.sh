@@ -15,6 +15,12 @@
 #                           (default: python3); the module is built against its apache-tvm-ffi
 #   MLA_GPU_CHECK_STEPS     the steps to run (default: build suite sanitize; without build, the
 #                           existing build is used)
+#   MLA_SANITIZE_SCOPE      groups (default): the named groups below; all: every sm90 test binary,
+#                           its whole test list cut into MLA_SANITIZE_SHARDS gtest shards (default 8
+#                           for the decode tests, a quarter of that for the sparse tests, one
+#                           process for the others), and the forced-pairs group
+#   MLA_SANITIZE_EXCLUDE    with scope all, a gtest negative filter applied to every binary (for
+#                           example 'Extremes/*' for the tools that take too long on them)
 #   MLA_SANITIZE_FILTER     gtest filter of the sm90 decode tests the sanitizers run, as one group
 #                           (default: the groups fewrows, calls, splits and pairs below: every
 #                           kernel and route at small sizes; '*' runs all, which takes long)
@@ -70,24 +76,44 @@ if [[ $steps == *" suite "* ]]; then
 fi
 
 # ---- compute-sanitizer over the sm90 tests ----
-groups=()  # name|test binary|gtest filter
-if [ -n "${MLA_SANITIZE_FILTER:-}" ]; then
-  groups+=("decode|sm90_decode_test|$MLA_SANITIZE_FILTER")
+groups=()  # name|test binary|gtest filter|environment (NAME=VALUE, or empty)|shard (INDEX/TOTAL, or empty)
+if [ "${MLA_SANITIZE_SCOPE:-groups}" = all ]; then
+  shards=${MLA_SANITIZE_SHARDS:-8}
+  exclude=${MLA_SANITIZE_EXCLUDE:+-$MLA_SANITIZE_EXCLUDE}
+  for bin in sm90_decode_test sm90_sparse_test sm90_merge_test sm90_widen_test sm90_route_test sm90_exchange_test; do
+    case $bin in
+      sm90_decode_test) n=$shards ;;
+      sm90_sparse_test) n=$(((shards + 3) / 4)) ;;
+      *) n=1 ;;
+    esac
+    for ((i = 0; i < n; i++)); do
+      short=${bin#sm90_}
+      groups+=("${short%_test}-$i|$bin|*$exclude||$i/$n")
+    done
+  done
+elif [ -n "${MLA_SANITIZE_FILTER:-}" ]; then
+  groups+=("decode|sm90_decode_test|$MLA_SANITIZE_FILTER||")
 else
-  groups+=("fewrows|sm90_decode_test|FewRows/*:Ragged/*")
-  groups+=("calls|sm90_decode_test|Sm90DecodeGraph.*:Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*:Sm90DecodeDsMla.*")
-  groups+=("splits|sm90_decode_test|OneSplit/*:DirectSplit/*")
-  groups+=("pairs|sm90_decode_test|Pairs/*")
+  groups+=("fewrows|sm90_decode_test|FewRows/*:Ragged/*||")
+  groups+=("calls|sm90_decode_test|Sm90DecodeGraph.*:Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*:Sm90DecodeDsMla.*||")
+  groups+=("splits|sm90_decode_test|OneSplit/*:DirectSplit/*||")
+  groups+=("pairs|sm90_decode_test|Pairs/*||")
 fi
-groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}")
-groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Sm90SparseNaN.*}")
+# The cluster-pair kernels at every shape the pair route would refuse (CTest's PairsForced).
+groups+=("pairsforced|sm90_decode_test|Pairs/*:Sm90DecodePairs.*|MLA_SM90_PAIR=1|")
+if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
+  groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}||")
+  groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Sm90SparseNaN.*}||")
+fi
 tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 # One (tool, group) process; its rc goes to LOG.rc.
 sanitize_one() {
-  local tool=$1 name=$2 bin=$3 filter=$4
-  local log="$logs/sanitize-$tool-$name.log" extra=()
+  local tool=$1 name=$2 bin=$3 filter=$4 env=$5 shard=$6
+  local log="$logs/sanitize-$tool-$name.log" extra=() vars=()
   [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
-  timeout "${MLA_SANITIZE_TIMEOUT:-420}" compute-sanitizer --tool "$tool" "${extra[@]}" \
+  [ -n "$env" ] && vars+=("$env")
+  [ -n "$shard" ] && vars+=("GTEST_SHARD_INDEX=${shard%/*}" "GTEST_TOTAL_SHARDS=${shard#*/}")
+  env "${vars[@]}" timeout "${MLA_SANITIZE_TIMEOUT:-420}" compute-sanitizer --tool "$tool" "${extra[@]}" \
     --print-limit 2000 --error-exitcode 3 "$root/build/tests/$bin" --gtest_filter="$filter" \
     >"$log" 2>&1
   echo $? >"$log.rc"
@@ -96,12 +122,12 @@ if [[ $steps == *" sanitize "* ]]; then
   running=0
   for tool in $tools; do
     for g in "${groups[@]}"; do
-      IFS='|' read -r name bin filter <<<"$g"
+      IFS='|' read -r name bin filter env shard <<<"$g"
       if [ "$running" -ge "${MLA_SANITIZE_JOBS:-8}" ]; then
         wait -n
         running=$((running - 1))
       fi
-      sanitize_one "$tool" "$name" "$bin" "$filter" &
+      sanitize_one "$tool" "$name" "$bin" "$filter" "$env" "$shard" &
       running=$((running + 1))
     done
   done
@@ -109,12 +135,14 @@ if [[ $steps == *" sanitize "* ]]; then
   for tool in $tools; do
     total=0 passed=0 bad=() ok=1
     for g in "${groups[@]}"; do
-      IFS='|' read -r name bin filter <<<"$g"
+      IFS='|' read -r name _ _ _ _ <<<"$g"
       log="$logs/sanitize-$tool-$name.log"
       rc=$(cat "$log.rc" 2>/dev/null || echo missing)
-      # "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: K hazards displayed (N errors, ...)"
+      # "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: K hazards displayed (N errors,
+      # M warnings)", counted as N + M (warning-level hazards count too)
       n=$(grep -E '^========= (ERROR|RACECHECK) SUMMARY' "$log" | tail -1 |
-        sed -E 's/.*\(([0-9]+) errors.*/\1/; s/.*SUMMARY: ([0-9]+) error.*/\1/')
+        sed -E 's/.*\(([0-9]+) errors?, ([0-9]+) warnings?\).*/\1 \2/; s/.*SUMMARY: ([0-9]+) error.*/\1/')
+      [[ $n =~ ^([0-9]+)\ ([0-9]+)$ ]] && n=$((BASH_REMATCH[1] + BASH_REMATCH[2]))
       p=$(grep -E '^\[  PASSED  \] [0-9]+ test' "$log" | tail -1 | sed -E 's/^\[  PASSED  \] ([0-9]+).*/\1/')
       failed_tests=$(grep -cE '^\[  FAILED  \] [^0-9]' "$log")
       # A group that ran no test (a filter that matches none, no Hopper GPU) checked nothing.
