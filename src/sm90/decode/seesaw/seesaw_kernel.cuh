@@ -220,6 +220,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
+  // This warpgroup alone (128 threads), before a 256-thread barrier that hands its shared-memory
+  // stores to the other warpgroup.
+  auto sync_local = [cw] {
+    named_barrier_sync(barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond),
+                       128);
+  };
   // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
   if constexpr (kDirect) {
     tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, F::kQueryBytes>(
@@ -285,7 +291,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
                                 std::conditional_t<F::kFp8Query, __half, void>, false,
                                 kScaledQuery>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-          [] {
+          [&] {
+            // The row pointers (and kScaledQuery's row maxima) are stored by consumer 0's first
+            // warps and read by both warpgroups: each syncs itself first, as at store_rows' hand-
+            // offs (racecheck, docs/sm90-seesaw.md, Sanitizers).
+            sync_local();
             named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
           },
           [&] {
@@ -791,6 +801,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
       }
     }
+    // Both warpgroups' staged rows are read across warpgroups (the bulk copies of consumer 0's
+    // threads, or every thread's 16-byte stores): each syncs itself first, as above.
+    sync_local();
     if (!w.whole || p.out_vec16) {
       fence_proxy_async_smem();  // the staged rows, for the bulk copies
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
