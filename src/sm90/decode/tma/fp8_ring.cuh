@@ -156,6 +156,9 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
       }
       fence_proxy_async_smem();
       __syncwarp();
+      // NOTE: this one arrive publishes the whole warp's stores. racecheck does not credit it and
+      // reports the consumers' draft-row cleaning reads (clean_v_rows) as RAW hazards: ordered,
+      // not a race (docs/sm90-seesaw.md, Sanitizers).
       if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
     }
   }

@@ -143,6 +143,10 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   };
   // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given. (Dense
   // calls: nothing; the consumers read the entries of sparse calls only.)
+  // NOTE: after the wait on the stage's empty barrier, which every consumer warp that read the
+  // stage's previous entries arrives on (one lane, after __syncwarp). racecheck does not credit
+  // that arrive and reports WAR hazards here: ordered, not a race (docs/sm90-sparse.md,
+  // Sanitizers).
   auto copy_slot = [&](int stage, int key0, int r) {
     if constexpr (kSparse) {
       const int key = key0 + r;
@@ -547,7 +551,8 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
     // The block's entries for the consumers (0 past the extent), from the lanes of piece 0 (their
     // rows) and, kPair, piece 1 (their rows of the other CTA's half); each writer's own arrive on
-    // chunk 0 publishes its writes.
+    // chunk 0 publishes its writes. The wait above orders them after the consumers' reads of the
+    // stage's previous entries (racecheck's WAR reports here: docs/sm90-sparse.md, Sanitizers).
     {
       const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
