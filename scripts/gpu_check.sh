@@ -34,7 +34,8 @@
 #   MLA_SANITIZE_TIMEOUT    seconds each (tool, group) process may take (default 420)
 #   MLA_SANITIZE_JOBS       processes at a time (default 8)
 # racecheck: LOG_DIR/sanitize-racecheck-GROUP.log holds the first 2000 hazards and the total, and
-# LOG_DIR/sanitize-racecheck-GROUP.classes counts the displayed ones by their two source lines; the
+# LOG_DIR/sanitize-racecheck-GROUP.classes counts the displayed ones by their two source lines and by
+# test, and names the tests run after the last displayed one when the limit hid some; the
 # step's line names the groups that are not clean.
 # Needs .deps/cutlass and .deps/googletest (scripts/setup_deps.sh, or copies of them). Exits 1 when
 # any step fails.
@@ -159,12 +160,22 @@ if [[ $steps == *" sanitize "* ]]; then
         bad+=("$name (rc $rc, ${n:-no summary} errors, ${p:-no} tests passed, $failed_tests failed)")
       fi
       if [ "$tool" = racecheck ] && [ "${n:-0}" != 0 ]; then
-        # Hazard classes among the displayed ones: count, kind, first access -> second access.
-        awk '/Potential [A-Z]+ hazard/ { match($0, /Potential [A-Z]+/); t = substr($0, RSTART + 10, RLENGTH - 10); k = 0; next }
+        # Hazard classes among the displayed ones (count, kind, first access -> second access),
+        # then the tests they came from (gtest's RUN lines between them), then, where racecheck
+        # stopped displaying (--print-limit) before the total, the tests that ran after the last
+        # displayed hazard: their hazards count in the total but are not classified.
+        awk -v total="$n" '
+             /^\[ RUN      \] / { test = $4; started[++runs] = test; next }
+             /Potential [A-Z]+ hazard/ { match($0, /Potential [A-Z]+/); t = substr($0, RSTART + 10, RLENGTH - 10); k = 0
+               shown++; per_test[test]++; last_run = runs; next }
              /(Write|Read) Thread/ && t != "" { match($0, /(Write|Read) Thread/); a = substr($0, RSTART, RLENGTH - 7)
                match($0, / in [^ ]+$/); s[k++] = a "@" substr($0, RSTART + 4)
                if (k == 2) { c[t " " s[0] " -> " s[1]]++; t = "" } }
-             END { for (x in c) print c[x], x }' "$log" | sort -rn >"$logs/sanitize-$tool-$name.classes"
+             END { for (x in c) print c[x], x | "sort -rn"; close("sort -rn")
+               print "# displayed hazards by test:"; for (x in per_test) print per_test[x], x | "sort -rn"; close("sort -rn")
+               if (total + 0 > shown) {
+                 print "# " total - shown " hazards not displayed; tests run after the last displayed one (" runs - last_run "):"
+                 for (i = last_run + 1; i <= runs; ++i) print started[i] } }' "$log" >"$logs/sanitize-$tool-$name.classes"
       fi
       [[ $n =~ ^[0-9]+$ ]] && total=$((total + n))
       [ -n "$p" ] && passed=$((passed + p))
