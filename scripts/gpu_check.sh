@@ -23,10 +23,11 @@
 #   MLA_SANITIZE_EXCLUDE    with scope all, a gtest negative filter applied to every binary (for
 #                           example 'Extremes/*' for the tools that take too long on them)
 #   MLA_SANITIZE_FILTER     gtest filter of the sm90 decode tests the sanitizers run, as one group
-#                           (default: the groups fewrows, calls, splits and pairs below: every
-#                           kernel and route at small sizes; '*' runs all, which takes long)
+#                           (default: the groups fewrows, calls, splits, pairs and schedule below:
+#                           every kernel and route at small sizes; '*' runs all, which takes long)
 #   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
-#                           both kernels, the block and split cases, NaN propagation)
+#                           both kernels, the block and split cases, tokens started longest first,
+#                           NaN propagation)
 #   MLA_SANITIZE_FP8_FILTER the same for the decode tests over e4m3 caches (default: the few-rows
 #                           kernel's routes, the FP8 seesaw kernel on both layouts, the widened
 #                           ring, the bf16-query routes)
@@ -101,12 +102,14 @@ else
   groups+=("calls|sm90_decode_test|Sm90DecodeGraph.*:Sm90DecodeIndices.*:Sm90DecodeNaN.*:Sm90DecodeSinks.*:Sm90DecodeTables.*:Sm90DecodeDsMla.*||")
   groups+=("splits|sm90_decode_test|OneSplit/*:DirectSplit/*||")
   groups+=("pairs|sm90_decode_test|Pairs/*||")
+  # CTAs that walk several segments (the balanced schedule), plans run twice, the other head dims.
+  groups+=("schedule|sm90_decode_test|Schedule/*:Sm90DecodePlanReuse.*:Sm90DecodeHeadDims.*||")
 fi
 # The cluster-pair kernels at every shape the pair route would refuse (CTest's PairsForced).
 groups+=("pairsforced|sm90_decode_test|Pairs/*:Sm90DecodePairs.*|MLA_SM90_PAIR=1|")
 if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}||")
-  groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Sm90SparseNaN.*}||")
+  groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Sm90SparseNaN.*}||")
 fi
 tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 # One (tool, group) process; its rc goes to LOG.rc.
