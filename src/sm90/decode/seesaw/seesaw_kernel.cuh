@@ -416,89 +416,62 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       }
     };
 
-    // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
-    // released); warpgroup-uniform.
-    bool deferred = false;
     const int num_blocks = w.block_end - w.block_begin;
-    for (int round = 0; 2 * round < num_blocks; ++round) {
-      const int par = round & 1;
-      const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
-      const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
-      ++uses[0];
-      if (has_odd) ++uses[1];
-      const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
-      const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
-      T* k_stage = smem.k[cw];
-      float m_in[2], a_in[2];  // running max before this consumer's block, and the previous factor
-
-      if (mine) {
-        // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over the
-        // whole block, each 64-column chunk issued as it lands ----
-        Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
-        Tensor tSrK = thr_qk.partition_fragment_B(sK);
-        tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
-          // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
-          warpgroup_commit_batch();
-          warpgroup_wait<1>();
+    if constexpr (kSparse) {
+      // ---- sparse calls: one block at a time. Consumer 0 computes the block's S, its softmax and
+      // O_L += P V_L (P from registers); consumer 1 takes P from the block's rope chunk and applies
+      // O_R = a O_R + P V_R while consumer 0 scores the next block. A stage goes back once its
+      // block's P V halves are done, so the producer fills one stage for a whole block's time
+      // while the other is consumed (docs/sm90-sparse.md, One block at a time). Consumer 0 holds
+      // the running max and sum; consumer 1's row sums stay 0. ----
+      for (int it = 0; it < num_blocks; ++it) {
+        const int stage = it & 1;
+        const uint32_t phase = uses[stage] & 1;
+        ++uses[stage];
+        // The hand-off of block it, a barrier per stage: consumer 0 arrives on it again only after
+        // scoring block it + 2, whose rope chunk the producer refills after consumer 1's release
+        // of block it, which follows its sync here.
+        const uint32_t hand_off =
+            barrier_id(stage == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst);
+        T* k_stage = smem.k[stage];
+        if (cw == 1) {
+          named_barrier_sync(hand_off, Traits::kConsumerThreads);
+          float a[2];
+#pragma unroll
+          for (int s = 0; s < 2; ++s) a[s] = smem.scale[stage][0][my_row[s]];
+          rescale_o(a);
+          pv_gemm(stage);
+          warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
-          if (deferred) release(1);
-          deferred = false;
-        });
-      }
-
-      if (cw == 1) {
-        // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
-        named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          m_in[s] = smem.max[par][0][my_row[s]];
-          a_in[s] = smem.scale[par][0][my_row[s]];
-          row_sum[s] *= a_in[s];
+          release(stage);
+          continue;
         }
-        warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
-        warpgroup_fence_operand(tOrO);
-        rescale_o(a_in);
-        pv_gemm(0);
-      } else {
-#pragma unroll
-        for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
-      }
-
-      if (mine) {
-        // ---- mask; row max over the block (scaled, base 2) ----
-        // NOTE: where both rows attend every key of the block (no mask, below both limits), S stays
-        // unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
-        // Sparse: the keys whose entry is -1 (slot[stage], landed with the block) are masked too.
-        uint64_t absent = 0;  // bit k: key key0 + k is -1
-        if constexpr (kSparse) {
-          absent = (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[cw][lane + 32] < 0))
-                    << 32) |
-                   __ballot_sync(0xffffffffu, smem.slot[cw][lane] < 0);
+        // ---- S = Q K^T over the whole block, each chunk issued as it lands ----
+        {
+          Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+          Tensor tSrK = thr_qk.partition_fragment_B(sK);
+          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase);
         }
-        const bool unmasked = p.mask == nullptr && score_scale > 0.0f &&
-                              key0 + kKeys <= unmasked_limit && absent == 0;
-        // The scale of each of the thread's rows: kScaledQuery, times the inverse of the row's
-        // fp16 scale (read here: held across the blocks, it would take two registers).
-        float row_scale[2];
+        // ---- mask (keys whose entry is -1, slot[stage]); row max over the block (base 2) ----
+        const int key0 = (w.block_begin + it) * kKeys;
+        const uint64_t absent =
+            (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[stage][lane + 32] < 0))
+             << 32) |
+            __ballot_sync(0xffffffffu, smem.slot[stage][lane] < 0);
+        const bool unmasked = score_scale > 0.0f && key0 + kKeys <= unmasked_limit && absent == 0;
+        float row_scale[2], s_mul[2];
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
           row_scale[s] = kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
+          s_mul[s] = unmasked ? row_scale[s] : 1.0f;
         }
-        float s_mul[2];  // what tSrS still needs
-#pragma unroll
-        for (int s = 0; s < 2; ++s) s_mul[s] = unmasked ? row_scale[s] : 1.0f;
         float block_max[2] = {kNegInf, kNegInf};
-        // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
-        // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
-        // 1.2). Unmasked, one largest |S| over both rows finds the rare block that has one (a
-        // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
-        bool neg_inf[2] = {false, false};
+        bool neg_inf[2] = {false, false};  // an attended score of -inf: the row turns NaN
         if (unmasked) {
           float abs_max = 0.0f;
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {
-            const int slot = (v >> 1) & 1;
-            block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+            block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
             abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
           }
           if (abs_max == kInf) {
@@ -511,22 +484,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {
             const int slot = (v >> 1) & 1;
-            const int j = key0 + get<1>(tScS(v));
-            // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
-            // turn (contract section 1; the key's V row may have been cleaned).
-            float s;
-            if constexpr (kClean) {
-              s = kNegInf;
-              if (rule[slot].attends(j)) {
-                s = tSrS(v) * row_scale[slot];
-                if (s == kNegInf) s = __int_as_float(0x7fffffff);
-              }
-            } else {
-              bool attends = rule[slot].attends(j);
-              if constexpr (kSparse) attends = attends && ((absent >> get<1>(tScS(v))) & 1) == 0;
-              s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
-              neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
-            }
+            const int k = get<1>(tScS(v));
+            const bool attends = rule[slot].attends(key0 + k) && ((absent >> k) & 1) == 0;
+            const float s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
+            neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
             tSrS(v) = s;
             block_max[slot] = fmaxf(block_max[slot], s);
           }
@@ -536,205 +497,383 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
           block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-          block_max[s] *= s_mul[s];  // scale > 0: the max of the scaled scores
+          block_max[s] *= s_mul[s];
         }
-
-        // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
         if (skip_softmax) {
           bool negligible = true;
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
             negligible =
-                negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+                negligible && (!row_valid[s] || exp2f(block_max[s] - row_max[s]) < skip_threshold);
           }
-          const uint32_t vote_id =
-              barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
-          if (named_barrier_and(vote_id, 128, negligible)) {
-            block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+          if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst), 128, negligible)) {
+            block_max[0] = block_max[1] = kNegInf;
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
           }
         }
-
-        // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each) ----
-        float m_new[2], a_new[2];
+        // ---- online softmax (the dense loop's max rule: kMaxSlack) ----
+        float a_new[2];
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-          // NOTE: the running max moves only where the block's exceeds it by more than
-          // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
-          // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
-          m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
-          const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
-          a_new[s] = exp2f(m_in[s] - m_use);
-          // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a factor
-          // of 1 leaves them so and lets its warp skip the rescale.
-          if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+          const float m_new = block_max[s] > row_max[s] + kMaxSlack ? block_max[s] : row_max[s];
+          const float m_use = m_new == kNegInf ? 0.0f : m_new;
+          a_new[s] = m_new == kNegInf ? 1.0f : exp2f(row_max[s] - m_use);
+          row_max[s] = m_new;
           block_max[s] = m_use;
           row_sum[s] *= a_new[s];
         }
-        // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
-        // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
-        // Schedule of one segment).
         CUTE_UNROLL
         for (int v = 0; v < size(tSrS); ++v) {
           const int slot = (v >> 1) & 1;
           tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
         }
-
-        // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+        // ---- P (16-bit) into the block's rope chunk and registers; the factor for consumer 1 ----
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); v += 2) {
+          tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+        }
         {
-          // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-          // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
-          // Precision).
-          uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+          const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+          const uint32_t p_row =
+              static_cast<uint32_t>(__cvta_generic_to_shared(k_stage + Traits::kRopeChunkOffset)) +
+              row * 128;
           CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); v += 2) {
-            tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+          for (int k = 0; k < 4; ++k) {
+            const int col8 = 2 * k + (lane >> 4);
+            tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                             tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
           }
-          // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r + 8
-          // of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled chunk.
-          {
-            const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-            const uint32_t p_row =
-                static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+        }
+        if ((lane & 3) == 0) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) smem.scale[stage][0][my_row[s]] = a_new[s];
+        }
+        fence_proxy_async_smem();
+        sync_local();
+        named_barrier_arrive(hand_off, Traits::kConsumerThreads);
+        // ---- O_L = a O_L + P V_L ----
+        rescale_o(a_new);
+        pv_gemm_own(stage);
+        add_row_sums();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        release(stage);
+      }
+    } else {
+      // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
+      // released); warpgroup-uniform.
+      bool deferred = false;
+      for (int round = 0; 2 * round < num_blocks; ++round) {
+        const int par = round & 1;
+        const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
+        const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
+        ++uses[0];
+        if (has_odd) ++uses[1];
+        const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
+        const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
+        T* k_stage = smem.k[cw];
+        float m_in[2],
+            a_in[2];  // running max before this consumer's block, and the previous factor
+
+        if (mine) {
+          // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over
+          // the whole block, each 64-column chunk issued as it lands ----
+          Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+          Tensor tSrK = thr_qk.partition_fragment_B(sK);
+          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
+            // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
+            warpgroup_commit_batch();
+            warpgroup_wait<1>();
+            warpgroup_fence_operand(tOrO);
+            if (deferred) release(1);
+            deferred = false;
+          });
+        }
+
+        if (cw == 1) {
+          // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
+          named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            m_in[s] = smem.max[par][0][my_row[s]];
+            a_in[s] = smem.scale[par][0][my_row[s]];
+            row_sum[s] *= a_in[s];
+          }
+          warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+          warpgroup_fence_operand(tOrO);
+          rescale_o(a_in);
+          pv_gemm(0);
+        } else {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+        }
+
+        if (mine) {
+          // ---- mask; row max over the block (scaled, base 2) ----
+          // NOTE: where both rows attend every key of the block (no mask, below both limits), S
+          // stays unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+          const bool unmasked =
+              p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+          // The scale of each of the thread's rows: kScaledQuery, times the inverse of the row's
+          // fp16 scale (read here: held across the blocks, it would take two registers).
+          float row_scale[2];
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            row_scale[s] = kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
+          }
+          float s_mul[2];  // what tSrS still needs
+#pragma unroll
+          for (int s = 0; s < 2; ++s) s_mul[s] = unmasked ? row_scale[s] : 1.0f;
+          float block_max[2] = {kNegInf, kNegInf};
+          // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
+          // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
+          // 1.2). Unmasked, one largest |S| over both rows finds the rare block that has one (a
+          // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
+          bool neg_inf[2] = {false, false};
+          if (unmasked) {
+            float abs_max = 0.0f;
             CUTE_UNROLL
-            for (int k = 0; k < 4; ++k) {
-              const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
-              tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
-                               tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
+            for (int v = 0; v < size(tSrS); ++v) {
+              const int slot = (v >> 1) & 1;
+              block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+              abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
+            }
+            if (abs_max == kInf) {
+              CUTE_UNROLL
+              for (int v = 0; v < size(tSrS); ++v) {
+                neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
+              }
+            }
+          } else {
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              const int slot = (v >> 1) & 1;
+              const int j = key0 + get<1>(tScS(v));
+              // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
+              // turn (contract section 1; the key's V row may have been cleaned).
+              float s;
+              if constexpr (kClean) {
+                s = kNegInf;
+                if (rule[slot].attends(j)) {
+                  s = tSrS(v) * row_scale[slot];
+                  if (s == kNegInf) s = __int_as_float(0x7fffffff);
+                }
+              } else {
+                const bool attends = rule[slot].attends(j);
+                s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
+                neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
+              }
+              tSrS(v) = s;
+              block_max[slot] = fmaxf(block_max[slot], s);
             }
           }
-          // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
-          // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-          // kSparse: the gather lands keys past the extent as zeros: nothing to clean. The fp8
-          // ring widens them into zeros: nothing to zero (and no store of this warpgroup's into
-          // the widening warps' rows, which racecheck reported against their stores: the
-          // widening warp's arrive is one lane's).
-          const int valid = kSparse ? kKeys : min(kKeys, w.extent - key0);
-          const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
-          // kClean: from the first key some row of the tile does not attend (tile_limit).
-          const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
-          if constexpr (kClean) {
-            if (clean0 < zero_end) {
-              tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
-                                Traits::kL / Traits::kChunkCols, clean0, zero_end, valid,
-                                std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
-            }
-          } else if (valid < zero_end) {
-            uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
-            constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
-            const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
-            for (int e = wtid; e < n; e += 128) {
-              const int piece = e & 7, rest = e >> 3;
-              const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
-              *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
-                  make_uint4(0, 0, 0, 0);
-            }
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
+            block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+            block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+            block_max[s] *= s_mul[s];  // scale > 0: the max of the scaled scores
           }
-          if ((lane & 3) == 0) {
+
+          // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
+          if (skip_softmax) {
+            bool negligible = true;
 #pragma unroll
             for (int s = 0; s < 2; ++s) {
-              smem.max[par][cw][my_row[s]] = m_new[s];
-              smem.scale[par][cw][my_row[s]] = a_new[s];
+              negligible =
+                  negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+            }
+            const uint32_t vote_id =
+                barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
+            if (named_barrier_and(vote_id, 128, negligible)) {
+              block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+              CUTE_UNROLL
+              for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
             }
           }
-          fence_proxy_async_smem();
-          // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
-          // registers): sync the warpgroup there. The hand-off orders every thread's stores before
-          // the other consumer's reads.
-          // NOTE: synced in every block, not only where rows were zeroed: with the one-way
-          // hand-off barrier alone, racecheck reported the max and factor stores against the
-          // other consumer's reads (31,232 hazards each over two Fp8Widened cases); this costs
-          // nothing measurable (docs/perf-notes.md, "The seesaw kernel's hand-off under
-          // racecheck").
-          named_barrier_sync(
-              barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
-          named_barrier_arrive(
-              barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
-              Traits::kConsumerThreads);
-        }
+
+          // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each)
+          // ----
+          float m_new[2], a_new[2];
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            // NOTE: the running max moves only where the block's exceeds it by more than
+            // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
+            // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
+            m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
+            const float m_use =
+                m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
+            a_new[s] = exp2f(m_in[s] - m_use);
+            // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a
+            // factor of 1 leaves them so and lets its warp skip the rescale.
+            if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+            block_max[s] = m_use;
+            row_sum[s] *= a_new[s];
+          }
+          // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
+          // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
+          // Schedule of one segment).
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) {
+            const int slot = (v >> 1) & 1;
+            tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
+          }
+
+          // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+          {
+            // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
+            // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
+            // Precision).
+            uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); v += 2) {
+              tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+            }
+            // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r + 8
+            // of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled chunk.
+            {
+              const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+              const uint32_t p_row =
+                  static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+              CUTE_UNROLL
+              for (int k = 0; k < 4; ++k) {
+                const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
+                tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                                 tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
+              }
+            }
+            // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
+            // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
+            // The fp8 ring widens them into zeros: nothing to zero (and no store of this
+            // warpgroup's into the widening warps' rows, which racecheck reported against their
+            // stores: the widening warp's arrive is one lane's).
+            const int valid = min(kKeys, w.extent - key0);
+            const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
+            // kClean: from the first key some row of the tile does not attend (tile_limit).
+            const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
+            if constexpr (kClean) {
+              if (clean0 < zero_end) {
+                tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                                  Traits::kL / Traits::kChunkCols, clean0, zero_end, valid,
+                                  std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
+              }
+            } else if (valid < zero_end) {
+              uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
+              constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
+              const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
+              for (int e = wtid; e < n; e += 128) {
+                const int piece = e & 7, rest = e >> 3;
+                const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
+                *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
+                    make_uint4(0, 0, 0, 0);
+              }
+            }
+            if ((lane & 3) == 0) {
+#pragma unroll
+              for (int s = 0; s < 2; ++s) {
+                smem.max[par][cw][my_row[s]] = m_new[s];
+                smem.scale[par][cw][my_row[s]] = a_new[s];
+              }
+            }
+            fence_proxy_async_smem();
+            // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
+            // registers): sync the warpgroup there. The hand-off orders every thread's stores
+            // before the other consumer's reads. NOTE: synced in every block, not only where rows
+            // were zeroed: with the one-way hand-off barrier alone, racecheck reported the max and
+            // factor stores against the other consumer's reads (31,232 hazards each over two
+            // Fp8Widened cases); this costs nothing measurable (docs/perf-notes.md, "The seesaw
+            // kernel's hand-off under racecheck").
+            named_barrier_sync(
+                barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+            named_barrier_arrive(
+                barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
+                Traits::kConsumerThreads);
+          }
 
 #pragma unroll
-        for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
-        if (cw == 0) {
-          // ---- O_L = a0 O_L + P0 V0_L ----
-          // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
-          // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          rescale_o(a_new);
-          pv_gemm_own(0);
-          add_row_sums();
-          // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L of
-          // stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          release(0);
+          for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
+          if (cw == 0) {
+            // ---- O_L = a0 O_L + P0 V0_L ----
+            // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
+            // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            rescale_o(a_new);
+            pv_gemm_own(0);
+            add_row_sums();
+            // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L
+            // of stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            release(0);
+          } else {
+            // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            release(0);
+            rescale_o(a_new);
+            pv_gemm_own(1);
+            add_row_sums();
+          }
         } else {
-          // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+          // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
+#pragma unroll
+          for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+        }
+
+        if (cw == 0 && has_odd) {
+          // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
+          named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
+          float a1[2];
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            row_max[s] = smem.max[par][1][my_row[s]];
+            a1[s] = smem.scale[par][1][my_row[s]];
+            row_sum[s] *= a1[s];
+          }
           warpgroup_wait<0>();
           warpgroup_fence_operand(tOrO);
-          release(0);
-          rescale_o(a_new);
-          pv_gemm_own(1);
-          add_row_sums();
+          rescale_o(a1);
+          pv_gemm(1);
         }
-      } else {
-        // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
-#pragma unroll
-        for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+        // Drain this round's last P V: the stage it read goes back to the producer.
+        // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
+        // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes back
+        // after that chunk's k steps are issued (the hook above). Where the chunk has not landed,
+        // waiting for it first would hold stage 1 back.
+        if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
+          // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
+          // warp-uniform branch (else it serializes every wgmma: C7520).
+          deferred = __all_sync(0xffffffffu,
+                                named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
+                                                  tma::mbar_test(&smem.full[0][0], uses[0] & 1)));
+        }
+        if (!deferred) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          if (cw == 0) {
+            if (has_odd) release(1);
+          } else {
+            release(mine ? 1 : 0);
+          }
+        }
       }
 
-      if (cw == 0 && has_odd) {
-        // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
-        named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
-        float a1[2];
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          row_max[s] = smem.max[par][1][my_row[s]];
-          a1[s] = smem.scale[par][1][my_row[s]];
-          row_sum[s] *= a1[s];
-        }
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        rescale_o(a1);
-        pv_gemm(1);
-      }
-      // Drain this round's last P V: the stage it read goes back to the producer.
-      // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
-      // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes back
-      // after that chunk's k steps are issued (the hook above). Where the chunk has not landed,
-      // waiting for it first would hold stage 1 back.
-      if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
-        // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
-        // warp-uniform branch (else it serializes every wgmma: C7520).
-        deferred = __all_sync(0xffffffffu,
-                              named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
-                                                tma::mbar_test(&smem.full[0][0], uses[0] & 1)));
-      }
-      if (!deferred) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        if (cw == 0) {
-          if (has_odd) release(1);
-        } else {
-          release(mine ? 1 : 0);
-        }
-      }
-    }
+    }  // dense rounds
 
     warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
     warpgroup_fence_operand(tOrO);
 
-    // ---- row sums over both consumers ----
-    // A non-finite O value comes from a non-finite attended key or value (here: an inf value whose
-    // score came out -inf has P = 0 and leaves NaN in its column only, and an inf value with P > 0
-    // an inf): its row turns NaN, out and lse (contract section 1), through its sum. Values of keys
-    // a row does not attend never reach O as non-finite (past the extent: zeroed V rows; draft keys
-    // attended unequally: kClean).
-    // NOTE: once per segment, not per block: the hot loop is unchanged. Measured (H200, A/B in
-    // one run): +0.1 to +0.35% at B128 H128/H16, +0.8 us at B1 H128 s8192 (21.5 -> 22.3 us: the
-    // 128 tests are one dependent chain at the direct split's short tail).
+// ---- row sums over both consumers ----
+// A non-finite O value comes from a non-finite attended key or value (here: an inf value whose
+// score came out -inf has P = 0 and leaves NaN in its column only, and an inf value with P > 0
+// an inf): its row turns NaN, out and lse (contract section 1), through its sum. Values of keys
+// a row does not attend never reach O as non-finite (past the extent: zeroed V rows; draft keys
+// attended unequally: kClean).
+// NOTE: once per segment, not per block: the hot loop is unchanged. Measured (H200, A/B in
+// one run): +0.1 to +0.35% at B128 H128/H16, +0.8 us at B1 H128 s8192 (21.5 -> 22.3 us: the
+// 128 tests are one dependent chain at the direct split's short tail).
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       bool finite = true;
