@@ -25,6 +25,9 @@
 //       m1 = max(m0, rowmax S1), a1 = exp2(m0 - m1), P1 = exp2(S1 - m1) -> c0; O_R = a1 O_R + P1
 //       V1_R
 // (max(m, x) here: x where it exceeds m by more than kMaxSlack, else m.)
+// Sparse calls (kSparse) take their gathered blocks one at a time instead: consumer 0 computes
+// every block's S, softmax and O_L, consumer 1 its O_R from consumer 0's P, so that the producer
+// fills one stage while the other is consumed (docs/sm90-sparse.md, One block at a time).
 // Longer rationale: docs/sm90-seesaw.md (the max rule: Softmax).
 #pragma once
 
