@@ -456,6 +456,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase);
         }
         // ---- mask (keys whose entry is -1, slot[stage]); row max over the block (base 2) ----
+        // NOTE: the dense rounds' softmax below, without their mask tensor, draft cleaning and
+        // zeroed rows: kept as a copy so that the dense instantiations' SASS stays what it was (a
+        // lambda shared with the rounds once took their GMMA descriptors out of uniform registers).
         const int key0 = (w.block_begin + it) * kKeys;
         const uint64_t absent =
             (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[stage][lane + 32] < 0))
