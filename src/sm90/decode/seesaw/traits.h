@@ -108,6 +108,7 @@ struct SeesawTraits {
     alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK (V: SmemLayoutV; P: rope)
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
+                               // (sparse calls: [stage][0], the factor of the stage's block)
     float row_sum[kRows];      // second consumer's row sums at the end
     // A one-segment request's rows, set while its query tile loads: offsets in out (-1: not
     // written) and lse (-1: none), the head's sink logit (-inf: none); out_scale holds the bmm2
