@@ -407,8 +407,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // One arrive per consumer warp on one of the stage's empty barriers; kFp8Direct: one per thread,
   // which is not a divergent path (the releases come while the P V GEMMs run, and a divergent
   // arrive there made ptxas serialize them).
+  // kGather: one per thread too (tma::kGatherReleases), each thread's reads of the block's entries
+  // ordered before the producer's next ones by its own arrive.
   auto release = [&](uint64_t* bar) {
-    if constexpr (kFp8Direct) {
+    if constexpr (kFp8Direct || kGather) {
       mbar_arrive(bar);
     } else {
       __syncwarp();

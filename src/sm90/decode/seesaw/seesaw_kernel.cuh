@@ -410,11 +410,14 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // consumer 0; V_R and P for consumer 1) are done.
     // NOTE: elect.sync, not lane == 0: ptxas re-read the thread index (S2R) before each arrive.
     // kPair: the other CTA's producer refills this stage too (multicast): it gets the arrive too.
+    // kGather: every thread arrives on its own CTA's barrier (tma::kGatherReleases), so that its
+    // reads of the block's entries are ordered before the producer's next ones by its own arrive.
     auto release = [&](int stage) {
+      uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
+      if constexpr (kGather) mbar_arrive(bar);
       __syncwarp();
       if (cute::elect_one_sync()) {
-        uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
-        mbar_arrive(bar);
+        if constexpr (!kGather) mbar_arrive(bar);
         if constexpr (kPair) tma::mbar_arrive_cluster(bar, rank ^ 1);
       }
     };

@@ -25,7 +25,7 @@ __device__ __forceinline__ int producer_issuers(const DecodeKernelParams& p) {
 // transaction bytes), and per stage one empty barrier per consumer half (one arrive per consumer
 // warp; kPair: per consumer warp of both CTAs of the pair, whose producers both fill this ring).
 // kFp8: an e4m3 cache (fp8_ring.cuh): the issuers' boxes complete the chunk's `landed` barrier
-// instead, and `full` completes once the one warp that widens the chunk has arrived.
+// instead, and `full` completes once every lane of the warp that widens the chunk has arrived.
 // kThreadReleases: every consumer thread arrives on the empty barriers, not one per warp.
 template <typename Traits, bool kPair = false, bool kFp8 = false, bool kThreadReleases = false>
 __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemoryPlan& smem,
@@ -35,7 +35,7 @@ __device__ __forceinline__ void init_ring_barriers(typename Traits::SharedMemory
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], kFp8 ? 1 : issuers);
+        mbar_init(&smem.full[s][c], kFp8 ? 32 : issuers);
         if constexpr (kFp8) mbar_init(&smem.landed[s][c], issuers);
       }
       mbar_init(&smem.empty_l[s], kReleases);

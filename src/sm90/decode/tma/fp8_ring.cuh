@@ -155,11 +155,9 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
         *reinterpret_cast<uint4*>(dst + dst_hi + j * 1024) = hi;
       }
       fence_proxy_async_smem();
-      __syncwarp();
-      // NOTE: this one arrive publishes the whole warp's stores. racecheck does not credit it and
-      // reports the consumers' draft-row cleaning reads (clean_v_rows) as RAW hazards: ordered,
-      // not a race (docs/sm90-seesaw.md, Sanitizers).
-      if (cute::elect_one_sync()) mbar_arrive(&smem.full[stage][c]);
+      // Every lane arrives (init_ring_barriers: 32 for an e4m3 ring), so that each lane's stores
+      // are ordered before the consumers' reads (clean_v_rows) by its own arrive.
+      mbar_arrive(&smem.full[stage][c]);
     }
   }
 }

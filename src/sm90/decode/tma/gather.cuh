@@ -57,6 +57,11 @@ __host__ __device__ constexpr uint32_t gather_full_arrivals(int c) {
   }
 }
 
+// Every consumer thread of a gathering kernel arrives on the empty barrier it releases (128 a
+// warpgroup), so that each thread's reads of the stage (the block's entries) are ordered before
+// the producer's next stores by its own arrive.
+inline constexpr uint32_t kGatherReleases = 128;
+
 // The ring's barriers for the gather producer (init_ring_barriers' counterpart, unpaired): full
 // barriers counted by gather_full_arrivals, one empty arrive per consumer warp, and (e4m3 rows)
 // landed[stage][w]: producer warp w's copies of the block landed, one arrival per lane.
@@ -68,8 +73,8 @@ __device__ __forceinline__ void init_gather_barriers(typename Traits::SharedMemo
         mbar_init(&smem.full[s][c], gather_full_arrivals<Traits, KV>(c));
       }
       for (int w = 0; w < 4; ++w) mbar_init(&smem.landed[s][w], 32);
-      mbar_init(&smem.empty_l[s], 4);
-      mbar_init(&smem.empty_r[s], 4);
+      mbar_init(&smem.empty_l[s], kGatherReleases);
+      mbar_init(&smem.empty_r[s], kGatherReleases);
     }
     fence_mbar_init();
   }
@@ -192,13 +197,15 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
         cp_async_mbar_arrive(&smem.full[stage][c]);
       };
       mbar_wait(&smem.empty_l[stage], phase ^ 1);
+#pragma unroll
+      for (int c = 0; c < Traits::kLeftChunks; ++c) copy_chunk(c);
+      mbar_wait(&smem.empty_r[stage], phase ^ 1);
+      // The entries after both releases (every consumer thread that read the stage's previous
+      // entries has arrived on one of them); the right chunks' arrivals cover their copies.
       if (q == 0) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) copy_slot(stage, key0, r0 + 4 * j);
       }
-#pragma unroll
-      for (int c = 0; c < Traits::kLeftChunks; ++c) copy_chunk(c);
-      mbar_wait(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll
       for (int c = Traits::kLeftChunks; c < Traits::kChunks; ++c) copy_chunk(c);
     }
@@ -381,6 +388,8 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // each arrives on chunk 0's full barrier itself, after its writes.
 template <bool kPair>
 inline constexpr uint32_t kSlotWriters = kPair ? 16 : 8;
+// The chunk whose full barrier publishes the entries: the first one stored after both releases.
+inline constexpr int kSlotChunk = 4;
 
 // The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
 // warp (chunk 0: one per slot writer of each warp; kPair: warp 0's first expects the other CTA's
@@ -392,10 +401,11 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], c == 0 ? 4 * kSlotWriters<kPair> : 4);
+        mbar_init(&smem.full[s][c], c == kSlotChunk ? 4 * kSlotWriters<kPair> : 4);
       }
-      mbar_init(&smem.empty_l[s], kPair ? 8 : 4);
-      mbar_init(&smem.empty_r[s], kPair ? 8 : 4);
+      // This CTA's consumer threads, and (kPair) one arrive per consumer warp of the other CTA.
+      mbar_init(&smem.empty_l[s], kGatherReleases + (kPair ? 4 : 0));
+      mbar_init(&smem.empty_r[s], kGatherReleases + (kPair ? 4 : 0));
     }
     fence_mbar_init();
   }
@@ -526,7 +536,7 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   auto arrive = [&](int stage, int c) {
     fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0 || (c == 0 && lane < static_cast<int>(kSlotWriters<kPair>))) {
+    if (lane == 0 || (c == kSlotChunk && lane < static_cast<int>(kSlotWriters<kPair>))) {
       if (kPair && warp == 0 && lane == 0) {
         mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
       } else {
@@ -549,18 +559,6 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     const uint32_t phase = phase_of(it);
     block_entries(it + 2, own_far, peer_far);
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
-    // The block's entries for the consumers (0 past the extent), from the lanes of piece 0 (their
-    // rows) and, kPair, piece 1 (their rows of the other CTA's half); each writer's own arrive on
-    // chunk 0 publishes its writes. The wait above orders them after the consumers' reads of the
-    // stage's previous entries (racecheck's WAR reports here: docs/sm90-sparse.md, Sanitizers).
-    {
-      const int key0 = (w.block_begin + it) * kKeys;
-#pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        if (q == 0) smem.slot[stage][row[g]] = key0 + row[g] < w.extent ? own[g] : 0;
-      }
-      if (kPair && q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
-    }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
@@ -571,6 +569,18 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     if (it + 1 < num_blocks) load_left(own_next);
     mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
+    // The block's entries for the consumers (0 past the extent), from the lanes of piece 0 (their
+    // rows) and, kPair, piece 1 (their rows of the other CTA's half), after both releases (every
+    // consumer thread that read the stage's previous entries has arrived on one of them); each
+    // writer's own arrive on chunk kSlotChunk publishes its writes.
+    {
+      const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        if (q == 0) smem.slot[stage][row[g]] = key0 + row[g] < w.extent ? own[g] : 0;
+      }
+      if (kPair && q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
+    }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
