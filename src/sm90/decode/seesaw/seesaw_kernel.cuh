@@ -755,8 +755,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
             // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
             // The fp8 ring widens them into zeros: nothing to zero (and no store of this
-            // warpgroup's into the widening warps' rows, which racecheck reported against their
-            // stores: the widening warp's arrive is one lane's).
+            // warpgroup's into the widening warps' rows).
             const int valid = min(kKeys, w.extent - key0);
             const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
             // kClean: from the first key some row of the tile does not attend (tile_limit).

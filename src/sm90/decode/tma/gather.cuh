@@ -148,10 +148,9 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   };
   // The block's entries into slot[stage] (keys past the extent: 0), by the lanes given. (Dense
   // calls: nothing; the consumers read the entries of sparse calls only.)
-  // NOTE: after the wait on the stage's `empty_l`, whose releases (one lane of each consumer warp,
-  // after __syncwarp) come after every consumer's reads of the stage's previous entries
-  // (docs/sm90-sparse.md, Sanitizers, for the seesaw kernel's order). racecheck does not credit
-  // such an arrive and reports WAR hazards here: ordered, not a race.
+  // NOTE: after the waits on both of the stage's empty barriers, on which every consumer thread
+  // arrives after its reads of the stage's previous entries (kGatherReleases): each reader's own
+  // arrive orders its reads before these writes (docs/sm90-sparse.md, Sanitizers).
   auto copy_slot = [&](int stage, int key0, int r) {
     if constexpr (kSparse) {
       const int key = key0 + r;
