@@ -377,9 +377,10 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // is not followed by a DRAM round trip), widened there and stored into the stage.
 // - kPair: the two tiles of a sparse token with more than 64 heads run as a cluster of two CTAs
 //   that read the same blocks. Rank r gathers rows 32 r .. 32 r + 31 of every block and stores
-//   them into both CTAs' stages: its own with st.shared, the other's with st.async, which
-//   completes that CTA's full barrier by bytes. Each row crosses from L2 once and each CTA's
-//   producer widens half the rows.
+//   them into its own stage; each warp then copies its 8 widened rows of a latent chunk (1 KB in
+//   a row) into the other CTA's stage with one bulk copy, and stores its rope rows there with
+//   st.async; both complete that CTA's full barrier by bytes. Each row crosses from L2 once and
+//   each CTA's producer widens half the rows.
 // - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, two row groups
 //   per lane.
 
@@ -409,7 +410,7 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
     fence_mbar_init();
   }
   if constexpr (kPair) {
-    // NOTE: the other CTA's st.async bytes and releases reach these barriers from here on.
+    // NOTE: the other CTA's bulk-copied bytes and releases reach these barriers from here on.
     cluster_sync_relaxed();
   } else {
     __syncthreads();
@@ -510,14 +511,20 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
   };
   // Stores units (lo, hi) of row group g of chunk c of `stage` (kPair: into both CTAs).
+  // NOTE: the rope chunk's rows go to the other CTA from registers (st.async), not by a bulk copy
+  // of this CTA's stage: the seesaw kernel's first consumer writes P over that chunk once the
+  // block has landed here, which nothing orders after a bulk copy's reads of it.
+  constexpr int kRopeChunk = Traits::kChunks - 1;
   auto put = [&](int stage, int c, int g, const uint4& lo, const uint4& hi) {
     const uint32_t o = stage * kStageBytes + c * kChunkBytes + g * 32 * 128;
     *reinterpret_cast<uint4*>(k_local + o + off_lo) = lo;
     *reinterpret_cast<uint4*>(k_local + o + off_hi) = hi;
     if constexpr (kPair) {
-      const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
-      st_async_16(k_peer + o + off_lo, lo, bar);
-      st_async_16(k_peer + o + off_hi, hi, bar);
+      if (c == kRopeChunk) {
+        const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
+        st_async_16(k_peer + o + off_lo, lo, bar);
+        st_async_16(k_peer + o + off_hi, hi, bar);
+      }
     }
   };
   auto put_e4m3 = [&](int stage, int c, int g, const uint4& v, float s) {
@@ -529,12 +536,22 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     put(stage, c, g, lo, hi);
   };
-  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive from
-  // lane 0, chunk 0's also from the other slot writers (kPair: warp 0's lane 0 carries the other
-  // CTA's bytes).
+  // This warp's rows of chunk c are stored: kPair, lane 0 copies them (after every lane's proxy
+  // fence: the bulk copy reads them through the async proxy) to the other CTA, except the rope
+  // chunk's, which went there by st.async (put); the chunk's full
+  // barrier gets the warp's arrive from lane 0, chunk kSlotChunk's also from the other slot
+  // writers (kPair: warp 0's lane 0 carries the other CTA's bytes).
   auto arrive = [&](int stage, int c) {
     fence_proxy_async_smem();
     __syncwarp();
+    if constexpr (kPair) {
+      // The warp's 8 rows of the chunk, 1 KB in a row, to the same place in the other CTA.
+      if (c != kRopeChunk && lane == 0) {
+        const uint32_t o = stage * kStageBytes + c * kChunkBytes + (row[0] - phase_row) * 128;
+        bulk_copy_to_cluster(k_peer + o, k_local + o, 8 * 128,
+                             full_peer + (stage * Traits::kChunks + c) * 8);
+      }
+    }
     if (lane == 0 || (c == kSlotChunk && lane < static_cast<int>(kSlotWriters<kPair>))) {
       if (kPair && warp == 0 && lane == 0) {
         mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);

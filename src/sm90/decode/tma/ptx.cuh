@@ -128,6 +128,20 @@ __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t cta) {
   return remote;
 }
 
+// Copies `bytes` (a multiple of 16) of this CTA's shared memory at `src` to shared::cluster address
+// `remote` (another CTA's shared memory) with the bulk copy engine, completing those bytes on the
+// barrier at shared::cluster address `remote_bar` in that CTA. The source must have been written
+// before a proxy fence (the copy reads it through the async proxy) and stay unchanged until the
+// other CTA's barrier has seen the bytes.
+__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, const void* src,
+                                                     uint32_t bytes, uint32_t remote_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+      "[%3];" ::"r"(remote),
+      "r"(smem_addr(src)), "r"(bytes), "r"(remote_bar)
+      : "memory");
+}
+
 // Stores 16 bytes at shared::cluster address `remote` (another CTA's shared memory) and completes
 // 16 transaction bytes on the barrier at shared::cluster address `remote_bar` in the same CTA.
 // Nothing waits: the barrier's phase completes once every such store has landed.
