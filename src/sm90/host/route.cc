@@ -231,7 +231,8 @@ Layout layout_with(const Problem& p, const Family& f, int sms, const Switches& s
   l.bytes = l.o_offset + align_up(rows * kKvLoraRank * 2);  // bf16 or fp16: the out type
   // A sparse call with sparse_topk_lens, of one split, whose (token, tile) CTAs are more than one
   // wave: started longest first (params.h, sparse_order; docs/sm90-sparse.md, Varied lens).
-  // NOTE: not without lens: the order kernel costs ~7 us (B 128 H 128, no PDL), and counts then
+  // NOTE: not without lens: the order kernel costs a launch and its two passes (it took ~7 us at
+  // B 128 H 128 without PDL, ~4.5 us less since its prefix sums run in one warp), and counts then
   // differ only where a request is shorter than top_k.
   if (f.sparse && l.splits == 1 && sparse_ctas(p, f) > sms &&
       p.topk_lens_mode != TopkLensMode::kNone) {

@@ -7,8 +7,8 @@
 // start are the shortest, and the wave ends evenly (docs/sm90-sparse.md, Varied lens).
 //
 // One CTA: a counting sort of the tokens by counted blocks (capped at kBuckets - 1), in two passes
-// over the tokens; the order within a bucket is the atomics' (any permutation gives the same
-// results: each token's rows are its own).
+// over the tokens with warp 0's prefix sums between them; the order within a bucket is the
+// atomics' (any permutation gives the same results: each token's rows are its own).
 #include "sm90/common.cuh"
 #include "sm90/decode/schedule/launch.h"
 #include "sm90/decode/tma/kv_pipeline.cuh"
@@ -18,6 +18,8 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kBuckets = 256;  // counted blocks 0 .. 254, and 255 for more
+constexpr int kKept = 4;       // tokens a thread keeps the bucket of between the passes
+static_assert(kBuckets % 32 == 0, "the prefix sums' lanes");
 
 // Token t's bucket: 0 for the most counted blocks.
 __device__ __forceinline__ int bucket_of(const DecodeKernelParams& p, int t) {
@@ -35,17 +37,53 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   pdl_wait();               // seq_lens and sparse_topk_lens may come from the previous grid
   pdl_launch_dependents();  // the decode grid's own wait still waits for this grid to finish
-  for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) atomicAdd(&count[bucket_of(p, t)], 1);
+  // The buckets of this thread's first kKept tokens stay in registers for the second pass (their
+  // loads issued together); tokens past kKept x kThreads are resolved again there.
+  int kept[kKept];
+#pragma unroll
+  for (int j = 0; j < kKept; ++j) {
+    const int t = threadIdx.x + j * kThreads;
+    kept[j] = t < p.num_tokens ? bucket_of(p, t) : 0;
+  }
+#pragma unroll
+  for (int j = 0; j < kKept; ++j) {
+    if (threadIdx.x + j * kThreads < p.num_tokens) atomicAdd(&count[kept[j]], 1);
+  }
+  for (int t = threadIdx.x + kKept * kThreads; t < p.num_tokens; t += kThreads) {
+    atomicAdd(&count[bucket_of(p, t)], 1);
+  }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  // Exclusive prefix sums of the counts: warp 0, kBuckets / 32 consecutive buckets a lane.
+  if (threadIdx.x < 32) {
+    constexpr int kPerLane = kBuckets / 32;
+    const int lane = threadIdx.x;
+    int c[kPerLane];
     int sum = 0;
-    for (int k = 0; k < kBuckets; ++k) {
-      next[k] = sum;
-      sum += count[k];
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      c[k] = count[kPerLane * lane + k];
+      sum += c[k];
+    }
+    int inclusive = sum;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += up;
+    }
+    int run = inclusive - sum;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      next[kPerLane * lane + k] = run;
+      run += c[k];
     }
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < p.num_tokens; t += kThreads) {
+#pragma unroll
+  for (int j = 0; j < kKept; ++j) {
+    const int t = threadIdx.x + j * kThreads;
+    if (t < p.num_tokens) order[atomicAdd(&next[kept[j]], 1)] = t;
+  }
+  for (int t = threadIdx.x + kKept * kThreads; t < p.num_tokens; t += kThreads) {
     order[atomicAdd(&next[bucket_of(p, t)], 1)] = t;
   }
 }
