@@ -536,11 +536,11 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     put(stage, c, g, lo, hi);
   };
-  // This warp's rows of chunk c are stored: kPair, lane 0 copies them (after every lane's proxy
-  // fence: the bulk copy reads them through the async proxy) to the other CTA, except the rope
-  // chunk's, which went there by st.async (put); the chunk's full
-  // barrier gets the warp's arrive from lane 0, chunk kSlotChunk's also from the other slot
-  // writers (kPair: warp 0's lane 0 carries the other CTA's bytes).
+  // This warp's rows of chunk c are stored: kPair, lane 0 copies them to the other CTA (after
+  // every lane's proxy fence and the warp's sync: the bulk copy reads them through the async
+  // proxy), except the rope chunk's, which went there by st.async (put); the chunk's full barrier
+  // gets the warp's arrive from lane 0, chunk kSlotChunk's also from the other slot writers (kPair:
+  // warp 0's lane 0 carries the other CTA's bytes).
   auto arrive = [&](int stage, int c) {
     fence_proxy_async_smem();
     __syncwarp();
