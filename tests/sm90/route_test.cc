@@ -161,6 +161,7 @@ std::string describe(const Route& r) {
   if (r.pair) s << " pair";
   if (r.clean) s << " clean";
   if (r.sparse) s << " sparse";
+  if (r.sparse_rows > 0) s << " token_rows=" << r.sparse_rows;
   if (r.sparse && r.layout.order_offset > 0) s << " ordered";
   if (r.combine) s << " combine";
   return s.str();
@@ -236,15 +237,17 @@ TEST(Sm90Route, Table) {
       {"sparse, B4 H128: 2 tiles per token", dense(4, 128, 1).sparse(2048),
        "seesaw splits=16 tiles=2 sparse combine"},
       {"sparse, B128 q2 H128: a split per token", dense(128, 128, 2).sparse(2048),
-       "seesaw splits=1 tiles=2 sparse"},
+       "seesaw splits=1 tiles=2 sparse token_rows=66"},
       {"... with sparse_topk_lens: longest tokens first",
-       dense(128, 128, 2).sparse(2048).topk_lens(), "seesaw splits=1 tiles=2 sparse ordered"},
+       dense(128, 128, 2).sparse(2048).topk_lens(),
+       "seesaw splits=1 tiles=2 sparse token_rows=66 ordered"},
       {"sparse, H64 with pages of 1", dense(4, 64, 1).sparse(2048).pages(1),
        "seesaw splits=32 tiles=1 sparse combine"},
       {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel",
        dense(64, 16, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=2 rows=16 sparse combine"},
       {"sparse, fp8 query and cache, H32 q2: tiles of one token",
-       dense(8, 32, 2).sparse(512).dtypes(kFp8, kFp8), "few_rows splits=4 rows=32 sparse combine"},
+       dense(8, 32, 2).sparse(512).dtypes(kFp8, kFp8),
+       "few_rows splits=4 rows=32 fp8_direct sparse combine"},
       {"sparse, kv rows not 16-byte aligned", dense(4, 128, 1).sparse(2048).padded_kv_rows(4),
        "simt splits=8 combine"},
       // Head dims (256, 64) and (512, 0): the same kernels, their tiles zero where the rows have
@@ -258,7 +261,7 @@ TEST(Sm90Route, Table) {
        "seesaw splits=16 tiles=2 sparse combine"},
       {"(256, 64), sparse, fp8 cache, H16",
        dense(4, 16, 1).dims(256, 64).sparse(2048).dtypes(kBf16, kFp8),
-       "few_rows splits=16 rows=16 sparse combine"},
+       "few_rows splits=16 rows=16 fp8_direct sparse combine"},
       {"other head dims: the SIMT kernel, one split", dense(4, 128, 1).dims(128, 64),
        "simt splits=1"},
       // Everything else: the SIMT kernel.
@@ -286,7 +289,7 @@ TEST(Sm90Route, SparseShapes) {
        "few_rows splits=2 rows=32 sparse combine"},
       {"bf16 query, fp8 cache, pages of 1",
        dense(4, 16, 1).sparse(2048).dtypes(kBf16, kFp8).pages(1),
-       "few_rows splits=16 rows=16 sparse combine"},
+       "few_rows splits=16 rows=16 fp8_direct sparse combine"},
       {"max_seq_len below top_k: the keys a token can count",
        dense(1, 16, 1).sparse(2048).keys(100), "few_rows splits=1 rows=16 sparse"},
       {"256 tokens: a split each", dense(128, 16, 2).sparse(2048),
@@ -307,7 +310,8 @@ TEST(Sm90Route, SparseShapes) {
        dense(2, 96, 2).sparse(128).dtypes(kBf16, kFp8),
        "seesaw splits=2 tiles=2 pair sparse combine"},
       {"fp8 query and cache, B128 q2 H128: a pair, a split per token",
-       dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8), "seesaw splits=1 tiles=2 pair sparse"},
+       dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8),
+       "seesaw splits=1 tiles=2 pair sparse token_rows=66"},
       {"fp8_ds_mla, H64: one tile, unpaired", dense(4, 64, 1).sparse(2048).fp8_ds_mla(),
        "seesaw splits=32 tiles=1 sparse combine"},
       {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
@@ -409,6 +413,30 @@ TEST(Sm90Route, PairSwitch) {
                 sw);
 }
 
+// A sparse call of one split on the seesaw kernel runs one wave of token rows (66 rows of 2 tiles
+// on 132 SMs), each CTA walking several tokens; MLA_SM90_SPARSE_ROWS caps the rows (tests run
+// the sparse suite at 3) or, at 0, gives every token its own row.
+TEST(Sm90Route, SparseRowsSwitch) {
+  Switches sw;
+  expect_routes({{"B64 q1 H128: 64 rows fit the wave", dense(64, 128, 1).sparse(2048),
+                  "seesaw splits=1 tiles=2 sparse token_rows=64"},
+                 {"B128 q1 H64: one tile a row, 132 rows", dense(128, 64, 1).sparse(2048),
+                  "seesaw splits=1 tiles=1 sparse token_rows=128"},
+                 {"B256 q1 H64", dense(256, 64, 1).sparse(2048),
+                  "seesaw splits=1 tiles=1 sparse token_rows=132"}},
+                sw);
+  sw.sparse_rows = 3;
+  expect_routes({{"at most 3 rows", dense(128, 128, 2).sparse(2048),
+                  "seesaw splits=1 tiles=2 sparse token_rows=3"},
+                 {"splits: no rows", dense(4, 128, 1).sparse(2048),
+                  "seesaw splits=16 tiles=2 sparse combine"}},
+                sw);
+  sw.sparse_rows = 0;
+  expect_routes({{"a row per token", dense(128, 128, 2).sparse(2048),
+                  "seesaw splits=1 tiles=2 sparse token_rows=256"}},
+                sw);
+}
+
 // Sparse pairs need the device to run clusters of two at all (any number of waves).
 TEST(Sm90Route, SparsePairsNeedClusters) {
   expect_routes({{"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
@@ -446,15 +474,18 @@ TEST(Sm90Route, Fp8DirectSwitch) {
                  {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
                   "few_rows schedule parts=132 rows=16 combine"},
                  {"fp8 query and cache, H 128: the seesaw kernel, widened",
-                  dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 tiles=2 combine"}},
+                  dense(8, 128, 1).dtypes(kFp8, kFp8), "seesaw schedule parts=66 tiles=2 combine"},
+                 {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
+                  "few_rows splits=4 rows=16 sparse combine"}},
                 sw);
   expect_routes(
       {{"fp8 query and cache", dense(8, 16, 2).dtypes(kFp8, kFp8),
         "few_rows schedule parts=132 rows=32 fp8_direct combine"},
        {"bf16 query, fp8 cache", dense(8, 16, 1).dtypes(kBf16, kFp8),
         "few_rows schedule parts=132 rows=16 fp8_direct combine"},
-       {"sparse: gathered and widened", dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
-        "few_rows splits=4 rows=16 sparse combine"},
+       {"sparse: gathered as e4m3, read as it lands",
+        dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
+        "few_rows splits=4 rows=16 fp8_direct sparse combine"},
        {"fp8 query and cache, H 128: the FP8 seesaw kernel", dense(8, 128, 1).dtypes(kFp8, kFp8),
         "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
        {"sparse, H 128: gathered and widened by a pair",

@@ -124,6 +124,11 @@ void expect_route(const Route& r, const SparseCase& s) {
   EXPECT_EQ(r.sparse, s.kernel != Kernel::kSimt);
   if (s.kernel == Kernel::kFewRows) {
     EXPECT_EQ(r.few_rows, s.c.H <= 16 ? 16 : 32);
+    // A per-tensor e4m3 cache lands as e4m3 (tma::gather_e4m3_direct) unless
+    // MLA_SM90_FP8_DIRECT=0.
+    const char* direct = std::getenv("MLA_SM90_FP8_DIRECT");
+    const bool widened = direct != nullptr && std::string(direct) == "0";
+    EXPECT_EQ(r.fp8_direct, s.c.kv_dtype == kFp8 && !s.ds_mla && !widened) << "fp8_direct";
   } else if (s.kernel == Kernel::kSeesaw) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);
     // The two tiles of a token over e4m3 rows gather as a pair (docs/sm90-sparse.md, Pairs)
@@ -292,6 +297,34 @@ std::vector<SparseCase> format_cases() {
   return cases;
 }
 
+// Per-tensor e4m3 caches on the few-rows kernel, read as they land (route.fp8_direct: the rows
+// gathered as e4m3, tma::gather_e4m3_direct; both query types, the error models of
+// tests/common/fp8_mma.h): 16 and 32 padded rows, one to three query tokens, partial blocks,
+// sequences shorter than q_len's causal bound leaves room for, pages 1 to 256, lens per token or
+// per request, sinks and scale tensors.
+std::vector<SparseCase> direct_cases() {
+  std::vector<SparseCase> cases;
+  const int page_sizes[] = {16, 64, 1, 256};
+  for (Format f : {Format::kFp8, Format::kBf16Fp8}) {
+    for (int H : {1, 3, 16, 20, 32}) {
+      const int n = static_cast<int>(cases.size());
+      const int q_len = 1 + n % 3;
+      const int top_k = H == 16 ? 2048 : H == 32 ? 320 : 100;
+      SparseCase s =
+          with_format(sparse(3, H, q_len, top_k, {2500, 70, q_len + 1}, page_sizes[n % 4]), f);
+      s.c.topk_lens = n % 3 == 0   ? TopkLens::kPerToken
+                      : n % 3 == 1 ? TopkLens::kPerRequest
+                                   : TopkLens::kNone;
+      s.c.sinks = n % 2 == 0;
+      s.c.scale_tensors = n % 4 == 1;
+      if (n % 5 == 2) s.c.out_dtype = kFp16;
+      s.c.seed = 5700 + n;
+      cases.push_back(s);
+    }
+  }
+  return cases;
+}
+
 // Sinks (small, dominant), lse off, scales as tensors, bmm scales from flat to peaky, fp16 out,
 // padded strides and a 4-D cache, out strides without 16-byte stores; query rows that are not
 // 16-byte aligned go to the SIMT kernel.
@@ -375,6 +408,7 @@ INSTANTIATE_TEST_SUITE_P(Ragged, Sm90Sparse, ::testing::ValuesIn(ragged_cases())
 INSTANTIATE_TEST_SUITE_P(Heads, Sm90Sparse, ::testing::ValuesIn(head_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Formats, Sm90Sparse, ::testing::ValuesIn(format_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Features, Sm90Sparse, ::testing::ValuesIn(feature_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Fp8Direct, Sm90Sparse, ::testing::ValuesIn(direct_cases()), param_name);
 
 // ---- fp8_ds_mla: the gather kernels' rounding, exactly ------------------------------------------
 

@@ -289,9 +289,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     const int64_t rows = f.sparse ? p.num_heads : p.max_q_len * p.num_heads;  // per tile
     r.few_rows = rows <= 16 ? 16 : 32;
     // An e4m3 cache is read by the GEMMs as it lands (e4m3 query: the FP8 tensor cores; bf16
-    // query: widened in registers), not widened in shared memory (docs/sm90-fp8.md).
-    r.fp8_direct = !f.sparse && sw.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 &&
-                   p.kv_format == KvFormat::kPlain;
+    // query: widened in registers), not widened in shared memory (docs/sm90-fp8.md); sparse calls
+    // gather its rows as they are (tma::gather_e4m3_direct; docs/sm90-sparse.md).
+    r.fp8_direct =
+        sw.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;
@@ -303,6 +304,21 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     const bool e4m3_rows = p.kv_format == KvFormat::kFp8DsMla || p.kv_dtype == dtype::kFloat8E4M3;
     r.pair =
         r.tiles == 2 && e4m3_rows && sw.pair != 0 && device.pair_clusters(tma_elem(p.q_dtype)) > 0;
+    // One split whose (token, tile) CTAs are more than the SMs: one wave of token rows, each CTA
+    // walking several tokens with its ring carried from one to the next (docs/sm90-sparse.md, A
+    // persistent grid). A row holds `tiles` CTAs (a pair: one cluster).
+    if (r.layout.splits == 1) {
+      int64_t wave = std::max<int64_t>(1, sms / r.tiles);
+      // A pair's row is a cluster of two: no more rows than the device holds clusters at once.
+      if (r.pair) {
+        wave = std::min<int64_t>(wave,
+                                 std::max<int64_t>(1, device.pair_clusters(tma_elem(p.q_dtype))));
+      }
+      const int64_t rows = sw.sparse_rows > 0    ? sw.sparse_rows
+                           : sw.sparse_rows == 0 ? p.num_tokens
+                                                 : wave;
+      r.sparse_rows = std::min<int64_t>(p.num_tokens, rows);
+    }
   } else if (r.layout.scheduled || r.layout.direct) {
     r.kernel = Kernel::kSeesaw;
     r.tiles = static_cast<int>(tiles_of(p));
@@ -354,6 +370,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.fp8_direct = false;
   r.tiles = 0;
   r.sparse = false;
+  r.sparse_rows = 0;
   r.pair = r.clean = false;
   r.combine = r.layout.splits > 1;
   return r;

@@ -62,9 +62,10 @@ struct Route {
   // one split (uniform layout), where the decode kernel writes out and lse itself.
   bool combine = false;
   int few_rows = 0;  // kFewRows: padded query rows per CTA (the GEMM N), 16 or 32
-  // kFewRows, dense, e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
-  // boxes): both on the FP8 tensor cores with an e4m3 query, fp16 GEMMs with the cache widened in
-  // registers with a bf16 query (docs/sm90-fp8.md); false: widened in shared memory.
+  // kFewRows, per-tensor e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
+  // boxes; sparse calls: rows gathered as they are into the same layout): both on the FP8 tensor
+  // cores with an e4m3 query, fp16 GEMMs with the cache widened in registers with a bf16 query
+  // (docs/sm90-fp8.md); false: widened in shared memory.
   // kSeesaw, dense, e4m3 query and cache: the FP8 seesaw kernel (seesaw_fp8_kernel.cuh, both
   // GEMMs on the FP8 tensor cores), on the balanced schedule, or on the direct split where each
   // split holds enough blocks; false: the seesaw kernel over the cache widened in shared memory.
@@ -73,6 +74,10 @@ struct Route {
   // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index
   // (tma/gather.cuh), on uniform splits.
   bool sparse = false;
+  // kSeesaw, sparse, one split: the grid's token rows (DecodeKernelParams::sparse_rows; 0: one
+  // row per token). Where a token's CTAs are more than one wave, one wave of rows whose CTAs walk
+  // several tokens each (docs/sm90-sparse.md, A persistent grid).
+  int64_t sparse_rows = 0;
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
   // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
   bool pair = false;

@@ -344,8 +344,9 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cu
   if (route.kernel == Kernel::kSeesaw) {
     return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, stream, pdl);
   }
-  return route.few_rows == 16 ? few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl)
-                              : few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl);
+  const bool direct = route.fp8_direct;
+  return route.few_rows == 16 ? few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct)
+                              : few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl, direct);
 }
 
 cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const Route& route,
@@ -463,6 +464,7 @@ void run(const Problem& p, const DecodeParams& prm) {
                    "launching the sparse order kernel");
     k.sparse_order = order;
   }
+  k.sparse_rows = static_cast<int32_t>(route.sparse_rows);
   MLA_CUDA_CHECK(launch_decode(p, route, q, kv, k, kv_map, workspace, stream, prm.enable_pdl),
                  "launching the split-KV decode kernel");
   if (!route.combine) return;  // the decode kernel wrote out and lse

@@ -30,6 +30,9 @@ Switches read_switches() {
   s.few_rows_schedule = env_string("MLA_SM90_FEW_ROWS_SCHEDULE") != "0";
   s.fp8_direct = env_string("MLA_SM90_FP8_DIRECT") != "0";
   s.fp8_seesaw_min_blocks = std::max<int64_t>(0, env_int("MLA_SM90_FP8_SEESAW_MIN_BLOCKS"));
+  if (std::getenv("MLA_SM90_SPARSE_ROWS") != nullptr) {
+    s.sparse_rows = std::max<int64_t>(0, env_int("MLA_SM90_SPARSE_ROWS"));
+  }
   const char* pair = std::getenv("MLA_SM90_PAIR");
   if (pair != nullptr) {
     s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;

@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  static_assert(!kFp8Direct || (F::kFp8Cache && !kSparse), "a dense call's e4m3 cache");
+  static_assert(!kFp8Direct || (F::kFp8Cache && KV == Elem::kFp8E4M3), "a per-tensor e4m3 cache");
   constexpr bool kFp8Mma = kFp8Direct && F::kFp8Query;
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
   // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
@@ -275,13 +275,27 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   // Sparse calls of 16 rows over e4m3 rows load each block's 64 rows into registers one block
   // ahead (tma::gather_ahead_blocks): a producer lane holds 352 bytes of two rows (136 registers;
   // the consumers' 184 fit N 16 without spills, not N 32, which keeps the landing path).
-  constexpr bool kAhead = kSparse && tma::GatherFormat<KV>::kE4m3 && Traits::kRows == 16;
-  constexpr uint32_t kProducerRegs = kAhead ? 136 : kRoomy ? 72 : Split::kProducer;
-  constexpr uint32_t kConsumerRegs = kAhead ? 184 : kRoomy ? 216 : Split::kConsumer;
+  constexpr bool kAhead =
+      kSparse && !kFp8Direct && tma::GatherFormat<KV>::kE4m3 && Traits::kRows == 16;
+  // Sparse calls over a per-tensor e4m3 cache read as it lands (kFp8Direct): the producer only
+  // issues copies (tma::gather_e4m3_direct), the consumers keep the dense direct route's registers.
+  constexpr bool kDirectGather = kSparse && kFp8Direct;
+  constexpr uint32_t kProducerRegs = kAhead          ? 136
+                                     : kDirectGather ? Traits::kProducerRegs
+                                     : kRoomy        ? 72
+                                                     : Split::kProducer;
+  constexpr uint32_t kConsumerRegs = kAhead          ? 184
+                                     : kDirectGather ? Traits::kConsumerRegs
+                                     : kRoomy        ? 216
+                                                     : Split::kConsumer;
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "registers the CTA holds at launch");
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kAhead) {
     tma::init_gather_ahead_barriers<Traits, false>(smem);
+  } else if constexpr (kDirectGather) {
+    // Full barriers: one arrival per producer thread's copies of the chunk; empty barriers: one
+    // per consumer thread.
+    tma::init_ring_barriers<Traits, false, false, true>(smem, 128);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
@@ -300,10 +314,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     uint32_t used0, used1;  // parity of the blocks each stage has held (its phase)
     if constexpr (kSparse) {
       // One segment: no walk (its state would cost the gather registers).
-      const tma::TileWork w = tma::resolve_sparse_tile(p, 0);
+      const tma::TileWork w = tma::resolve_sparse_tile(p, 0, blockIdx.y);
       if (w.row0 < w.rows && w.block_begin < w.block_end) {
         if constexpr (kAhead) {
           tma::gather_ahead_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0, 0);
+        } else if constexpr (kDirectGather) {
+          tma::gather_e4m3_direct<Traits>(p, w, smem, threadIdx.x);
         } else {
           tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
         }
@@ -740,12 +756,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         }
         // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
         // (poisoned cache, stale stage), and P = 0 times NaN is NaN. The fp8 ring widens them
-        // into zeros (kWiden: nothing to zero, and no store into the widening warps' rows).
+        // into zeros (kWiden: nothing to zero, and no store into the widening warps' rows). The
+        // gathers (kSparse) land keys past the extent and -1 entries as zeros.
         const int valid = min(kKeys, seg.w.extent - key0);
         const int zero_end = kWiden ? valid : kKeys;  // rows [valid, zero_end) are zeroed
         // From the first key some row of the tile does not attend (tile_limit).
         const int clean0 = min(valid, max(0, seg.tile_limit - key0));
-        if (kFp8Direct && clean0 < kKeys) {
+        if (kFp8Direct && !kSparse && clean0 < kKeys) {
           tma::clean_v_rows_e4m3(reinterpret_cast<uint8_t*>(k_stage), kKeys,
                                  kL / Traits::kChunkCols, clean0, valid, wtid, 128);
         } else if (!kSparse && clean0 < zero_end) {
@@ -1028,17 +1045,27 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 
-template <Elem Q, Elem KV, int kRows>
-cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream,
-                                   bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, kRows, false, true>;
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
+cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStream_t stream,
+                                      bool pdl) {
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, true>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(1, params.num_tokens, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, unused);
+}
+
+template <Elem Q, Elem KV, int kRows>
+cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
+                                   bool fp8_direct) {
+  if constexpr (KV == Elem::kFp8E4M3) {
+    if (fp8_direct) return launch_few_rows_sparse_as<Q, KV, kRows, true>(params, stream, pdl);
+  }
+  if (fp8_direct) return cudaErrorInvalidValue;  // the route asks it of per-tensor e4m3 caches only
+  return launch_few_rows_sparse_as<Q, KV, kRows, false>(params, stream, pdl);
 }
 
 }  // namespace mla::sm90::few_rows

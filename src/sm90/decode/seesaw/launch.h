@@ -24,7 +24,8 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl);
 
-// A sparse call (tma::SparseCursor): grid (num_tiles, params.num_tokens, params.num_splits),
+// A sparse call (tma::SparseCursor): grid (num_tiles, params.sparse_rows or num_tokens,
+// params.num_splits),
 // tiles of 64 of one token's heads, partials in the uniform layout [split, T, H] (or out and lse
 // with one split), the blocks gathered by index (tma/gather.cuh); one explicit instantiation per
 // (query, kv_cache) pair of tma::Formats, fp8_ds_mla included.

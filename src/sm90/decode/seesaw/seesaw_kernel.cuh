@@ -110,9 +110,10 @@ inline constexpr Elem kSeesawCompute =
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads, a bf16
 // query over it scaled into fp16 (kScaledSeesawQuery).
-// kSparse: a sparse call, one segment per CTA (tma::SparseCursor: query-row tile blockIdx.x of
-// token blockIdx.y's heads, split blockIdx.z), its blocks gathered by index (tma/gather.cuh); the
-// keys are the token's counted entries, each attended by every row unless it is -1.
+// kSparse: a sparse call, a segment per token row of the CTA (tma::SparseCursor: query-row tile
+// blockIdx.x of the token's heads, split blockIdx.z; row blockIdx.y of each round of gridDim.y),
+// its blocks gathered by index (tma/gather.cuh); the keys are the token's counted entries, each
+// attended by every row unless it is -1.
 template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
@@ -1060,7 +1061,8 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(num_tiles, params.num_tokens, params.num_splits);
+  const int rows = params.sparse_rows > 0 ? params.sparse_rows : params.num_tokens;
+  const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
                             params, unused);

@@ -372,6 +372,82 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
   }
 }
 
+// ---- e4m3 rows landed as they are (the few-rows kernel's kFp8Direct consumers) ----
+// Per-tensor fp8 rows go into a stage of kStages (2 or 4) e4m3 blocks, each 64-column chunk of
+// 64-byte rows in the 64-byte swizzle a TMA box would have written (swizzled_offset_e4m3): the
+// consumers widen or multiply them where they read them (docs/sm90-fp8.md), so the producer only
+// copies, and blocks stay in flight until their stages come back. Thread t copies 16-byte piece
+// t % 4 of rows t / 4 and t / 4 + 32 of every chunk; each thread's copies of a chunk complete one
+// arrival on its full barrier (128 per phase: init_ring_barriers with 128 issuers). Keys past
+// w.extent and entries of -1 land as zeros; the block's entries land in slot[stage].
+// Block `it` goes to stage it % kStages (the consumers' order: few_rows_kernel.cuh), phase
+// (it / kStages) % 2: one segment per CTA (the sparse grid), so nothing carries over.
+template <typename Traits>
+__device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, const TileWork& w,
+                                                   typename Traits::SharedMemoryPlan& smem,
+                                                   int tid) {
+  constexpr int kStages = Traits::kStages;
+  constexpr int kKeys = Traits::kKeys;
+  constexpr uint32_t kChunkBytes = kKeys * 64;
+  static_assert(kKeys == 64 && Traits::kChunks == 9 && Traits::kStageElemBytes == 1,
+                "e4m3 stages of 64 keys x 9 chunks of 64 columns");
+  const int u = tid & 3;
+  const int r0 = tid >> 2;  // rows r0 and r0 + 32 (the same swizzle phase)
+  const uint32_t dst = static_cast<uint32_t>(swizzled_offset_e4m3(r0, 16 * u, kKeys));
+  const GatherDims dims = gather_dims(p);
+  const int num_blocks = w.block_end - w.block_begin;
+  auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
+  int next[2];  // the entries of the next block's rows
+  auto load_entries = [&](int it) {
+    const int key0 = (w.block_begin + it) * kKeys;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) next[j] = it < num_blocks ? entry(key0 + r0 + 32 * j) : -1;
+  };
+  load_entries(0);
+#pragma unroll 1
+  for (int it = 0; it < num_blocks; ++it) {
+    const int stage = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int key0 = (w.block_begin + it) * kKeys;
+    const uint8_t* row[2];
+    uint32_t n[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      row[j] = row_at(p, slot_row16(p, next[j], 1));
+      n[j] = next[j] >= 0 ? 16u : 0u;
+    }
+    load_entries(it + 1);
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
+    // Chunk c from column `col` of each row (size 0: a chunk the rows lack lands as zeros).
+    auto copy_chunk = [&](int c, int col, bool live) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t size = live ? n[j] : 0u;
+        cp_async_16(bytes + c * kChunkBytes + dst + j * (32 * 64),
+                    row[j] + (size != 0 ? col + 16 * u : 0), size);
+      }
+      cp_async_mbar_arrive(&smem.full[stage][c]);
+    };
+    mbar_wait(&smem.empty_l[stage], phase ^ 1);
+#pragma unroll
+    for (int c = 0; c < Traits::kLeftChunks; ++c) copy_chunk(c, 64 * c, true);
+    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+    // The entries after both releases (every consumer thread read the stage's previous entries
+    // before its arrives); the right chunks' arrivals publish them.
+    if (u == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = key0 + r0 + 32 * j;
+        cp_async_4(&smem.slot[stage][r0 + 32 * j], key < w.extent ? w.slots + key : w.slots,
+                   key < w.extent ? 4u : 0u);
+      }
+    }
+#pragma unroll
+    for (int c = Traits::kLeftChunks; c < 8; ++c) copy_chunk(c, 64 * c, dims.upper);
+    copy_chunk(8, dims.rope_col, dims.rope);
+  }
+}
+
 // ---- e4m3 rows loaded ahead into registers (docs/sm90-sparse.md, Pairs) ----
 // Rows are plain 16-byte global loads into registers, issued one block ahead (a stage's release
 // is not followed by a DRAM round trip), widened there and stored into the stage.

@@ -106,13 +106,14 @@ __device__ __forceinline__ void resolve_sparse_token(const DecodeKernelParams& p
   w.slots = p.sparse_indices + b * p.si_batch + static_cast<int64_t>(row) * p.si_token;
 }
 
-// The tile of a sparse call (one query token's heads): token blockIdx.y, or sparse_order's entry
-// y (params.h), query-row tile `tile` of its H heads, split blockIdx.z of num_splits equal runs of
+// The tile of a sparse call (one query token's heads): token `row`, or sparse_order's entry `row`
+// (params.h), query-row tile `tile` of its H heads, split blockIdx.z of num_splits equal runs of
 // the 64-key blocks over its counted entries. w.rows is the row after the token's last head, so
 // that rows - row0 is the tile's row count.
-__device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile) {
+__device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile,
+                                                        int row) {
   TileWork w;
-  const int t = p.sparse_order != nullptr ? p.sparse_order[blockIdx.y] : blockIdx.y;
+  const int t = p.sparse_order != nullptr ? p.sparse_order[row] : row;
   resolve_sparse_token(p, t, w);
   w.row0 += tile * kTileRows;
   const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
@@ -123,19 +124,28 @@ __device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams
   return w;
 }
 
-// The one segment of a CTA of a sparse call on the seesaw kernel (resolve_sparse_tile with tile
-// blockIdx.x): partial rows in the uniform layout [split, T, H].
+// The segments of a CTA of a sparse call (resolve_sparse_tile with tile blockIdx.x): token rows
+// blockIdx.y of rounds of gridDim.y rows, in snake order (rows y, 2G - 1 - y, 2G + y, ... of a
+// grid of G rows), one per segment; a grid of num_tokens rows gives each CTA one segment. With the
+// longest-first order (sparse_order) the snake pairs a round's longest tokens with the next
+// round's shortest. Partial rows in the uniform layout [split, T, H].
 struct SparseCursor {
-  bool done;
+  int round;
 
-  __device__ __forceinline__ void begin(const DecodeKernelParams&) { done = false; }
+  __device__ __forceinline__ void begin(const DecodeKernelParams&) { round = 0; }
 
   __device__ __forceinline__ bool next(const DecodeKernelParams& p, TileWork& w,
                                        int64_t& partial_row0) {
-    if (done) return false;
-    done = true;
-    w = resolve_sparse_tile(p, blockIdx.x);
-    if (w.row0 >= w.rows) return false;  // a tile past the token's heads
+    const int g = static_cast<int>(gridDim.y);
+    const int y = static_cast<int>(blockIdx.y);
+    int row;
+    do {
+      if (round * g >= p.num_tokens) return false;
+      row = round * g + ((round & 1) != 0 ? g - 1 - y : y);
+      ++round;
+    } while (row >= p.num_tokens);  // the last round's rows past the tokens
+    w = resolve_sparse_tile(p, blockIdx.x, row);
+    if (w.row0 >= w.rows) return false;  // a tile past the token's heads (every token's)
     partial_row0 =
         (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
     return true;
