@@ -27,7 +27,7 @@
 #                           every kernel and route at small sizes; '*' runs all, which takes long)
 #   MLA_SANITIZE_SPARSE_FILTER  the same for tests/sm90/sparse_test.cc (default: every format on
 #                           both kernels, the block and split cases, tokens started longest first,
-#                           NaN propagation)
+#                           the per-tensor e4m3 rows landed as e4m3, NaN propagation)
 #   MLA_SANITIZE_FP8_FILTER the same for the decode tests over e4m3 caches (default: the few-rows
 #                           kernel's routes, the FP8 seesaw kernel on both layouts, the widened
 #                           ring, the bf16-query routes)
@@ -109,7 +109,7 @@ fi
 groups+=("pairsforced|sm90_decode_test|Pairs/*:Sm90DecodePairs.*|MLA_SM90_PAIR=1|")
 if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}||")
-  groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Sm90SparseNaN.*}||")
+  groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Fp8Direct/*:Sm90SparseNaN.*}||")
 fi
 tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 # One (tool, group) process; its rc goes to LOG.rc.
