@@ -102,10 +102,10 @@ struct SegmentState {
   float skip_threshold;  // skip-softmax: f / seq_len (sparse: / the counted entries); 0: off
 };
 
-// The traits of the few-rows kernel for (Q, KV): with kFp8Direct (an e4m3 cache of a dense call
-// read by the GEMMs as it lands) e4m3 GEMMs for an e4m3 query, fp16 GEMMs with A from registers
+// The traits of the few-rows kernel for (Q, KV): with kFp8Direct (an e4m3 cache read by the GEMMs
+// as it lands, dense or sparse) e4m3 GEMMs for an e4m3 query, fp16 GEMMs with A from registers
 // for a bf16 one (its rows scaled into fp16's range); a sparse call's bf16 query over an e4m3
-// cache: fp16 GEMMs over the scaled query too (the gather widens to fp16); else the 16-bit GEMMs of
+// cache widened by the gather: fp16 GEMMs over the scaled query too; else the 16-bit GEMMs of
 // tma::Formats.
 template <Elem Q, Elem KV, bool kSparse>
 inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == Elem::kFp8E4M3;
@@ -229,7 +229,8 @@ __device__ __forceinline__ void issue_fp8_pv(Mma& mma, FragA& tOrA, FragB& tOrP,
 
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads; or, with
-// kFp8Direct (an e4m3 cache, dense calls), the cache lands as e4m3 and the GEMMs read it there:
+// kFp8Direct (a per-tensor e4m3 cache; sparse calls: gathered as e4m3 by
+// tma::gather_e4m3_direct), the cache lands as e4m3 and the GEMMs read it there:
 // with an e4m3 query (kFp8Mma) both GEMMs run on the FP8 tensor cores; with a bf16 query
 // (kFp8Regs) fp16 GEMMs take their A operands (K, V^T) widened into registers, the query's rows
 // scaled by powers of two into fp16's range (docs/sm90-fp8.md).
