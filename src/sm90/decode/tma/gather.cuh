@@ -539,6 +539,24 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
 
   // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
   auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
+  // The rows' 16-byte pieces: a pair's producers (32 rows a CTA) keep them in L1, where a warp's
+  // next load of the same 128-byte lines finds them (B128 H128 fp8_ds_mla -1%); the unpaired
+  // gathers lost 0.4 to 4% with that hint and keep theirs (docs/perf-notes.md, The register
+  // gathers' load hints).
+  auto ld_row_16 = [](const void* a) {
+    if constexpr (kPair) {
+      return ld_global_nc_16_keep<256>(a);
+    } else {
+      return ld_global_nc_16(a);
+    }
+  };
+  auto ld_rope_16 = [](const void* a) {
+    if constexpr (kPair) {
+      return ld_global_nc_16_keep<128>(a);
+    } else {
+      return ld_global_nc_16(a);
+    }
+  };
   // Block it's entries of this lane's rows (own[g]) and, kPair, of its row in the other half.
   auto block_entries = [&](int it, int(&own)[kGroups], int& peer) {
     const int key0 = (w.block_begin + it) * kKeys;
@@ -558,7 +576,7 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       const uint8_t* src = e[g] >= 0 ? row_at(p, slot_row16(p, e[g], 1)) + 16 * q : nullptr;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        left[g][c] = src != nullptr ? ld_global_nc_16(src + 64 * c) : zero;
+        left[g][c] = src != nullptr ? ld_row_16(src + 64 * c) : zero;
       }
     }
   };
@@ -569,7 +587,7 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         right[g][c] =
-            base != nullptr && dims.upper ? ld_global_nc_16(base + 64 * (c + 4) + 16 * q) : zero;
+            base != nullptr && dims.upper ? ld_row_16(base + 64 * (c + 4) + 16 * q) : zero;
       }
       if constexpr (G::kDsMla) {
         // The row's four group scales, loaded with chunks 4..7: the previous block's chunks
@@ -577,12 +595,11 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
         scale[g] = base != nullptr
                        ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
                        : make_float4(0.f, 0.f, 0.f, 0.f);
-        rope[g][0] = base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q) : zero;
-        rope[g][1] =
-            base != nullptr ? ld_global_nc_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
+        rope[g][0] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 32 * q) : zero;
+        rope[g][1] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
       } else {
         rope[g][0] =
-            base != nullptr && dims.rope ? ld_global_nc_16(base + dims.rope_col + 16 * q) : zero;
+            base != nullptr && dims.rope ? ld_rope_16(base + dims.rope_col + 16 * q) : zero;
       }
     }
   };

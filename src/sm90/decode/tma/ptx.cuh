@@ -168,6 +168,25 @@ __device__ __forceinline__ uint4 ld_global_nc_16(const void* p) {
   return v;
 }
 
+// 16 bytes of read-only global memory kept in L1 until evicted last: a gathered row's pieces share
+// 128-byte lines across a warp's successive loads, which L1 then serves. kL2Bytes: the L2
+// prefetch size of a miss (128 or 256).
+template <int kL2Bytes>
+__device__ __forceinline__ uint4 ld_global_nc_16_keep(const void* p) {
+  static_assert(kL2Bytes == 128 || kL2Bytes == 256, "L2 prefetch of 128 or 256 bytes");
+  uint4 v;
+  if constexpr (kL2Bytes == 256) {
+    asm volatile("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::evict_last.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  }
+  return v;
+}
+
 // Brings the line of `p` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
