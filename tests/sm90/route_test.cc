@@ -237,10 +237,9 @@ TEST(Sm90Route, Table) {
       {"sparse, B4 H128: 2 tiles per token", dense(4, 128, 1).sparse(2048),
        "seesaw splits=16 tiles=2 sparse combine"},
       {"sparse, B128 q2 H128: a split per token", dense(128, 128, 2).sparse(2048),
-       "seesaw splits=1 tiles=2 sparse token_rows=66"},
+       "seesaw splits=1 tiles=2 sparse"},
       {"... with sparse_topk_lens: longest tokens first",
-       dense(128, 128, 2).sparse(2048).topk_lens(),
-       "seesaw splits=1 tiles=2 sparse token_rows=66 ordered"},
+       dense(128, 128, 2).sparse(2048).topk_lens(), "seesaw splits=1 tiles=2 sparse ordered"},
       {"sparse, H64 with pages of 1", dense(4, 64, 1).sparse(2048).pages(1),
        "seesaw splits=32 tiles=1 sparse combine"},
       {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel",
@@ -310,8 +309,7 @@ TEST(Sm90Route, SparseShapes) {
        dense(2, 96, 2).sparse(128).dtypes(kBf16, kFp8),
        "seesaw splits=2 tiles=2 pair sparse combine"},
       {"fp8 query and cache, B128 q2 H128: a pair, a split per token",
-       dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8),
-       "seesaw splits=1 tiles=2 pair sparse token_rows=66"},
+       dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8), "seesaw splits=1 tiles=2 pair sparse"},
       {"fp8_ds_mla, H64: one tile, unpaired", dense(4, 64, 1).sparse(2048).fp8_ds_mla(),
        "seesaw splits=32 tiles=1 sparse combine"},
       {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
@@ -413,17 +411,14 @@ TEST(Sm90Route, PairSwitch) {
                 sw);
 }
 
-// A sparse call of one split on the seesaw kernel runs one wave of token rows (66 rows of 2 tiles
-// on 132 SMs), each CTA walking several tokens; MLA_SM90_SPARSE_ROWS caps the rows (tests run
-// the sparse suite at 3) or, at 0, gives every token its own row.
+// A sparse call of one split on the seesaw kernel runs a row of CTAs per token by default;
+// MLA_SM90_SPARSE_ROWS=N caps the rows at N (tests run the sparse suite at 3), each CTA then
+// walking several tokens; N at or above the tokens, or 0, is the default.
 TEST(Sm90Route, SparseRowsSwitch) {
   Switches sw;
-  expect_routes({{"B64 q1 H128: 64 rows fit the wave", dense(64, 128, 1).sparse(2048),
-                  "seesaw splits=1 tiles=2 sparse token_rows=64"},
-                 {"B128 q1 H64: one tile a row, 132 rows", dense(128, 64, 1).sparse(2048),
-                  "seesaw splits=1 tiles=1 sparse token_rows=128"},
-                 {"B256 q1 H64", dense(256, 64, 1).sparse(2048),
-                  "seesaw splits=1 tiles=1 sparse token_rows=132"}},
+  expect_routes({{"B128 q1 H128: a row per token", dense(128, 128, 1).sparse(2048),
+                  "seesaw splits=1 tiles=2 sparse"},
+                 {"B256 q1 H64", dense(256, 64, 1).sparse(2048), "seesaw splits=1 tiles=1 sparse"}},
                 sw);
   sw.sparse_rows = 3;
   expect_routes({{"at most 3 rows", dense(128, 128, 2).sparse(2048),
@@ -431,10 +426,13 @@ TEST(Sm90Route, SparseRowsSwitch) {
                  {"splits: no rows", dense(4, 128, 1).sparse(2048),
                   "seesaw splits=16 tiles=2 sparse combine"}},
                 sw);
-  sw.sparse_rows = 0;
-  expect_routes({{"a row per token", dense(128, 128, 2).sparse(2048),
-                  "seesaw splits=1 tiles=2 sparse token_rows=256"}},
+  sw.sparse_rows = 256;
+  expect_routes({{"as many rows as tokens", dense(128, 128, 2).sparse(2048),
+                  "seesaw splits=1 tiles=2 sparse"}},
                 sw);
+  sw.sparse_rows = 0;
+  expect_routes(
+      {{"a row per token", dense(128, 128, 2).sparse(2048), "seesaw splits=1 tiles=2 sparse"}}, sw);
 }
 
 // Sparse pairs need the device to run clusters of two at all (any number of waves).

@@ -304,20 +304,12 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     const bool e4m3_rows = p.kv_format == KvFormat::kFp8DsMla || p.kv_dtype == dtype::kFloat8E4M3;
     r.pair =
         r.tiles == 2 && e4m3_rows && sw.pair != 0 && device.pair_clusters(tma_elem(p.q_dtype)) > 0;
-    // One split whose (token, tile) CTAs are more than the SMs: one wave of token rows, each CTA
-    // walking several tokens with its ring carried from one to the next (docs/sm90-sparse.md, A
-    // persistent grid). A row holds `tiles` CTAs (a pair: one cluster).
-    if (r.layout.splits == 1) {
-      int64_t wave = std::max<int64_t>(1, sms / r.tiles);
-      // A pair's row is a cluster of two: no more rows than the device holds clusters at once.
-      if (r.pair) {
-        wave = std::min<int64_t>(wave,
-                                 std::max<int64_t>(1, device.pair_clusters(tma_elem(p.q_dtype))));
-      }
-      const int64_t rows = sw.sparse_rows > 0    ? sw.sparse_rows
-                           : sw.sparse_rows == 0 ? p.num_tokens
-                                                 : wave;
-      r.sparse_rows = std::min<int64_t>(p.num_tokens, rows);
+    // One split: a row of CTAs per token (sparse_rows 0). MLA_SM90_SPARSE_ROWS=N runs N token
+    // rows whose CTAs walk several tokens each, their ring carried from one to the next
+    // (docs/sm90-sparse.md, A persistent grid); not the default: that instantiation spills and
+    // was slower on every row measured (B128 H128 fp8_ds_mla +8%, B256 H64 +22%).
+    if (r.layout.splits == 1 && sw.sparse_rows > 0 && sw.sparse_rows < p.num_tokens) {
+      r.sparse_rows = sw.sparse_rows;
     }
   } else if (r.layout.scheduled || r.layout.direct) {
     r.kernel = Kernel::kSeesaw;

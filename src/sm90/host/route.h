@@ -74,9 +74,9 @@ struct Route {
   // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index
   // (tma/gather.cuh), on uniform splits.
   bool sparse = false;
-  // kSeesaw, sparse, one split: the grid's token rows (DecodeKernelParams::sparse_rows; 0: one
-  // row per token). Where a token's CTAs are more than one wave, one wave of rows whose CTAs walk
-  // several tokens each (docs/sm90-sparse.md, A persistent grid).
+  // kSeesaw, sparse, one split: the grid's token rows (DecodeKernelParams::sparse_rows; 0, the
+  // default: one row per token). MLA_SM90_SPARSE_ROWS=N: N rows whose CTAs walk several tokens
+  // each (docs/sm90-sparse.md, A persistent grid).
   int64_t sparse_rows = 0;
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
   // loads each K block once for both (docs/sm90-seesaw.md, Pairs).

@@ -36,10 +36,9 @@ struct Switches {
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy
-  // MLA_SM90_SPARSE_ROWS=N: a sparse call of one split on the seesaw kernel runs at most N token
-  // rows (N > 0; each CTA then walks several tokens), or one row per token (N = 0); unset, the
-  // route's policy (one wave).
-  int64_t sparse_rows = -1;  // -1: the policy
+  // MLA_SM90_SPARSE_ROWS=N (N > 0): a sparse call of one split on the seesaw kernel runs at most N
+  // token rows, each CTA walking several tokens; otherwise (unset, or 0) one row per token.
+  int64_t sparse_rows = -1;  // -1 (unset) or 0: one row per token
   // The workspace cap (bytes): the contract's 128 MiB; no variable sets it. Tests lift it to show
   // where the cap changes a route (tests/sm90/route_test.cc).
   int64_t workspace_cap = int64_t{128} << 20;

@@ -265,6 +265,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
+  // NOTE: sparse calls have a row per token here too, but tma::SparseTokenCursor (which the seesaw
+  // kernel's sparse instantiations take) cost B64 H16 fp8_ds_mla +3% in this kernel.
   using Cursor = std::conditional_t<kSparse, tma::SparseCursor, FewRowsCursor>;
   // The producer warpgroup's registers: 56 where it widens or gathers; 72 where it walks the
   // segments of a dense call while it does (the consumers keep 216): with 56, the walk's state

@@ -114,7 +114,10 @@ inline constexpr Elem kSeesawCompute =
 // blockIdx.x of the token's heads, split blockIdx.z; row blockIdx.y of each round of gridDim.y),
 // its blocks gathered by index (tma/gather.cuh); the keys are the token's counted entries, each
 // attended by every row unless it is -1.
-template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false>
+// kTokenRows (kSparse): the grid has fewer token rows than tokens, each CTA walks several
+// (tma::SparseCursor); else one token per CTA (tma::SparseTokenCursor).
+template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false,
+          bool kTokenRows = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map) {
@@ -125,9 +128,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
-  using Cursor = std::conditional_t<kSparse, tma::SparseCursor,
-                                    std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
+  using Cursor =
+      std::conditional_t<kSparse,
+                         std::conditional_t<kTokenRows, tma::SparseCursor, tma::SparseTokenCursor>,
+                         std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
   static_assert(!kSparse || !(kDirect || kClean), "sparse calls: their own cursor");
+  static_assert(kSparse || !kTokenRows, "token rows: sparse calls");
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
   // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_ahead_blocks).
@@ -1055,13 +1061,19 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   // Pairs: the two tiles of a token over e4m3 rows (tma::gather_ahead_blocks).
   constexpr bool kPairs = tma::GatherFormat<KV>::kE4m3;
   if (pair && (!kPairs || num_tiles != 2)) return cudaErrorInvalidValue;  // none built
-  auto* kernel = &seesaw_kernel<Q, KV, false, false, false, true>;
+  // Fewer token rows than tokens: CTAs that walk several tokens (their own instantiation).
+  const int rows = params.sparse_rows > 0 ? params.sparse_rows : params.num_tokens;
+  const bool token_rows = rows < params.num_tokens;
+  auto* kernel = token_rows ? &seesaw_kernel<Q, KV, false, false, false, true, true>
+                            : &seesaw_kernel<Q, KV, false, false, false, true, false>;
   if constexpr (kPairs) {
-    if (pair) kernel = &seesaw_kernel<Q, KV, false, true, false, true>;
+    if (pair) {
+      kernel = token_rows ? &seesaw_kernel<Q, KV, false, true, false, true, true>
+                          : &seesaw_kernel<Q, KV, false, true, false, true, false>;
+    }
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const int rows = params.sparse_rows > 0 ? params.sparse_rows : params.num_tokens;
   const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
