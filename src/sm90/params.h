@@ -61,8 +61,8 @@ struct DecodeKernelParams {
   // blocks (schedule/sparse_order_kernel.cu); CTA row blockIdx.y takes token sparse_order[y]
   // (null: token y). Any permutation gives the same results; this one starts the longest first.
   const int32_t* sparse_order = nullptr;  // [T]
-  // The seesaw kernel's sparse grid rows G (0: num_tokens): CTA row y walks token rows y,
-  // 2G - 1 - y, ... (tma::SparseCursor), one wave of persistent CTAs where G x tiles fits the SMs.
+  // The seesaw kernel's sparse grid rows G (0: num_tokens, one token per CTA); G < num_tokens
+  // (MLA_SM90_SPARSE_ROWS only): CTA row y walks token rows y, 2G - 1 - y, ... (tma::SparseCursor).
   int32_t sparse_rows = 0;
 
   // Sizes.

@@ -24,11 +24,12 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
                           int num_tiles, bool direct_split, bool pair, bool clean,
                           cudaStream_t stream, bool pdl);
 
-// A sparse call (tma::SparseCursor): grid (num_tiles, params.sparse_rows or num_tokens,
-// params.num_splits),
-// tiles of 64 of one token's heads, partials in the uniform layout [split, T, H] (or out and lse
-// with one split), the blocks gathered by index (tma/gather.cuh); one explicit instantiation per
-// (query, kv_cache) pair of tma::Formats, fp8_ds_mla included.
+// A sparse call: grid (num_tiles, num_tokens, params.num_splits), one token per CTA
+// (tma::SparseTokenCursor), or with params.sparse_rows below num_tokens that many token rows whose
+// CTAs walk several tokens (tma::SparseCursor, their own instantiation); tiles of 64 of one
+// token's heads, partials in the uniform layout [split, T, H] (or out and lse with one split), the
+// blocks gathered by index (tma/gather.cuh); one explicit instantiation per (query, kv_cache) pair
+// of tma::Formats, fp8_ds_mla included.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
                                  cudaStream_t stream, bool pdl);
