@@ -122,26 +122,32 @@ using FewRowsTraitsOf =
 // A plain ldmatrix of 16-bit elements gives lane t columns 4q .. 4q + 3 of a 16-column group, so
 // slots 2q, 2q + 1 take columns 4q, 4q + 1 and slots 2q + 8, 2q + 9 columns 4q + 2, 4q + 3: the
 // query tile is stored with its columns in that order (load_query_tile_rows, kPermute16).
-// out[4 u + r]: register r of k step u.
-__device__ __forceinline__ void load_e4m3_k_fragment(uint32_t stage_addr, int c, int warp, int lane,
-                                                     uint32_t (&out)[16]) {
-  using T16 = __half;
+// In two steps, so that a chunk's loads can go ahead of its widening: load_e4m3_k_words (two
+// ldmatrix; raw[4 x + 2 h + k]: k step pair x, keys g + 8 k of group h), then widen_e4m3_k_words
+// (out[4 u + r]: register r of k step u; each pair widened from its half of the word).
+__device__ __forceinline__ void load_e4m3_k_words(uint32_t stage_addr, int c, int warp, int lane,
+                                                  uint32_t (&raw)[8]) {
   const int j = lane >> 3, r = lane & 7;
   const int key = 16 * warp + 8 * (j & 1) + r;  // lane i: row i % 8 of matrix i / 8
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int u = 2 * x + (j >> 1);  // the matrix's 16-column group of the chunk
     const uint32_t addr = stage_addr + c * 64 * 64 + key * 64 + ((u ^ ((key >> 1) & 3)) << 4);
-    uint32_t lo0, hi0, lo1, hi1;  // keys g and g + 8 of groups 2x and 2x + 1
-    tma::ldmatrix_x4(addr, lo0, hi0, lo1, hi1);
-    const uint32_t words[2][2] = {{lo0, hi0}, {lo1, hi1}};
+    // keys g and g + 8 of groups 2x and 2x + 1
+    tma::ldmatrix_x4(addr, raw[4 * x], raw[4 * x + 1], raw[4 * x + 2], raw[4 * x + 3]);
+  }
+}
+__device__ __forceinline__ void widen_e4m3_k_words(const uint32_t (&raw)[8], uint32_t (&out)[16]) {
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t* o = out + 4 * (2 * x + h);
-      o[0] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][0]));
-      o[1] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][1]));
-      o[2] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][0] >> 16));
-      o[3] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(words[h][1] >> 16));
+      const uint32_t w0 = raw[4 * x + 2 * h], w1 = raw[4 * x + 2 * h + 1];
+      o[0] = tma::widen_e4m3x2_half_of<false>(w0);
+      o[1] = tma::widen_e4m3x2_half_of<false>(w1);
+      o[2] = tma::widen_e4m3x2_half_of<true>(w0);
+      o[3] = tma::widen_e4m3x2_half_of<true>(w1);
     }
   }
 }
@@ -149,25 +155,32 @@ __device__ __forceinline__ void load_e4m3_k_fragment(uint32_t stage_addr, int c,
 // The V^T fragment of m tile `m` (V columns 64 m ..) for an fp16 O^T GEMM with A from registers,
 // four k steps of 16 keys, widened from the e4m3 stage: the transposed ldmatrix of
 // load_fp8_v_fragment, each register one key pair of one column (the same row relabelling,
-// fp8_o_row; the keys keep their order). out[4 u + r]: register r of k step u.
-__device__ __forceinline__ void load_e4m3_vt_fragment(uint32_t stage_addr, int m, int warp,
-                                                      int lane, uint32_t (&out)[16]) {
-  using T16 = __half;
+// fp8_o_row; the keys keep their order). In two steps as the K fragment's: load_e4m3_vt_words
+// (raw[4 x + 2 h + k]), then widen_e4m3_vt_words (out[4 u + r]: register r of k step u; one byte
+// permute puts both columns' pairs of a word in its two halves, each widened from its half).
+__device__ __forceinline__ void load_e4m3_vt_words(uint32_t stage_addr, int m, int warp, int lane,
+                                                   uint32_t (&raw)[8]) {
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = 32 * x + lane;
     const uint32_t addr = stage_addr + m * 64 * 64 + key * 64 + ((warp ^ ((key >> 1) & 3)) << 4);
-    uint32_t x0, y0, x1, y1;  // keys 0..7, 8..15, 16..23, 24..31 of the pair of k steps
-    tma::ldmatrix_x4_trans(addr, x0, y0, x1, y1);
-    const uint32_t words[2][2] = {{x0, y0}, {x1, y1}};
+    // keys 0..7, 8..15, 16..23, 24..31 of the pair of k steps
+    tma::ldmatrix_x4_trans(addr, raw[4 * x], raw[4 * x + 1], raw[4 * x + 2], raw[4 * x + 3]);
+  }
+}
+__device__ __forceinline__ void widen_e4m3_vt_words(const uint32_t (&raw)[8], uint32_t (&out)[16]) {
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t* o = out + 4 * (2 * x + h);
       // Bytes 0 and 2: keys 2q, 2q + 1 of column 2 (t / 4); bytes 1 and 3: of column 2 (t / 4) + 1.
-      o[0] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][0], 0, 0x20)));
-      o[1] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][0], 0, 0x31)));
-      o[2] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][1], 0, 0x20)));
-      o[3] = tma::widen_e4m3x2<T16>(static_cast<uint16_t>(__byte_perm(words[h][1], 0, 0x31)));
+      const uint32_t w0 = __byte_perm(raw[4 * x + 2 * h], 0, 0x3120);
+      const uint32_t w1 = __byte_perm(raw[4 * x + 2 * h + 1], 0, 0x3120);
+      o[0] = tma::widen_e4m3x2_half_of<false>(w0);
+      o[1] = tma::widen_e4m3x2_half_of<true>(w0);
+      o[2] = tma::widen_e4m3x2_half_of<false>(w1);
+      o[3] = tma::widen_e4m3x2_half_of<true>(w1);
     }
   }
 }
@@ -582,14 +595,20 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_wait<0>();
           add(tSrT1);
         } else if constexpr (kFp8Regs) {
-          // Chunk c's k steps issued as it lands, its K widened into the registers of A buffer
-          // c % 2; chunk c - 2's GEMMs (the buffer's previous reader) are waited for first.
+          // Chunk c's k steps issued as it lands: its e4m3 words are loaded once chunk c - 1's
+          // GEMMs are issued (their latency under the wait that follows), and widened into the
+          // registers of A buffer c % 2 once chunk c - 2's GEMMs (the buffer's previous reader)
+          // are done.
           const uint32_t stage_addr = tma::smem_addr(k_stage);
+          uint32_t raw[8];
+          auto load = [&](int c) {
+            mbar_wait(&smem.full[stage][c], phase);
+            load_e4m3_k_words(stage_addr, c, warp, lane, raw);
+          };
           auto issue = [&](int c, auto& a) {
             if (c >= 2) warpgroup_wait<1>();
-            mbar_wait(&smem.full[stage][c], phase);
             uint32_t words[16];
-            load_e4m3_k_fragment(stage_addr, c, warp, lane, words);
+            widen_e4m3_k_words(raw, words);
             Tensor aw = recast<uint32_t>(a);
             CUTE_UNROLL
             for (int i = 0; i < 16; ++i) aw(i) = words[i];
@@ -601,8 +620,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
               cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), tSrS);
             }
             warpgroup_commit_batch();
+            if (c + 1 < Traits::kChunks) load(c + 1);
           };
           static_assert(Traits::kChunks == 9, "chunks issued in pairs after the first");
+          load(0);
           issue(0, tSrA0);
           CUTE_UNROLL
           for (int c = 1; c < Traits::kChunks; c += 2) {
@@ -817,16 +838,20 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         }
       } else if constexpr (kFp8Regs) {
         // ---- rescale_o; pv_gemm: O^T = a O^T + V^T P^T per m tile, V^T widened into the
-        // registers of A buffer m % 2 (m tile m - 2's GEMMs waited for first); the stage's halves
-        // go back once their fragments are built (as on the FP8 tensor cores above). ----
+        // registers of A buffer m % 2 (m tile m - 2's GEMMs waited for first), its e4m3 words
+        // loaded once m tile m - 1's GEMMs are issued (the first under the rescale); the stage's
+        // halves go back once their fragments are built (as on the FP8 tensor cores above). ----
+        const uint32_t stage_addr = tma::smem_addr(k_stage);
+        uint32_t raw[8];
+        load_e4m3_vt_words(stage_addr, 0, warp, lane, raw);
         CUTE_UNROLL
         for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
-        const uint32_t stage_addr = tma::smem_addr(k_stage);
         warpgroup_fence_operand(tOrO);
         auto issue = [&](int m, auto& a) {
           if (m >= 2) warpgroup_wait<1>();
           uint32_t words[16];
-          load_e4m3_vt_fragment(stage_addr, m, warp, lane, words);
+          widen_e4m3_vt_words(raw, words);
+          if (m + 1 < kL / 64) load_e4m3_vt_words(stage_addr, m + 1, warp, lane, raw);
           if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[stage]);
           if (!keep && m == kL / 64 - 1) release(&smem.empty_r[stage]);
           Tensor aw = recast<uint32_t>(a);

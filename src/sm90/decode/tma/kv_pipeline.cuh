@@ -361,7 +361,7 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
 // a row of zeros or a non-finite value). `row_max` (kRows words of shared memory) takes the rows'
 // largest |value| bits; `sync` runs once more, between the maxima and the stores. kPermute16 (with
 // kScaledHalf): the columns in the k-slot order of the few-rows kernel's K fragments from
-// registers (few_rows_kernel.cuh, load_e4m3_k_fragment): in each group of 16 columns the 4-byte
+// registers (few_rows_kernel.cuh, load_e4m3_k_words): in each group of 16 columns the 4-byte
 // words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
           bool kScaledHalf = false, bool kPermute16 = false, typename Sync, typename InFlight>

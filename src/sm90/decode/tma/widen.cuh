@@ -26,6 +26,23 @@ __device__ __forceinline__ uint32_t widen_e4m3x2(uint16_t two) {
   }
 }
 
+// The e4m3 pair in half `kHigh` of `word` as two fp16 values (widen_e4m3x2<__half> of that half):
+// the cvt reads the half through F2FP's half selector, so the high half needs no shift.
+template <bool kHigh>
+__device__ __forceinline__ uint32_t widen_e4m3x2_half_of(uint32_t word) {
+  uint32_t y;
+  if constexpr (kHigh) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, h;\n}"
+        : "=r"(y)
+        : "r"(word));
+  } else {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e4m3x2 %0, l;\n}"
+        : "=r"(y)
+        : "r"(word));
+  }
+  return y;
+}
+
 // 16 e4m3 values as 16 values of T: the low 8 in `lo`, the high 8 in `hi`.
 template <typename T>
 __device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& hi) {
