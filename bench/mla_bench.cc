@@ -32,6 +32,10 @@
 #ifdef MLA_BENCH_WITH_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+// bench/read_floor.cu: a plain read of `bytes` at `data` on `stream`.
+cudaError_t mla_bench_enqueue_read(const void* data, size_t bytes, uint32_t* sink, int sms,
+                                   cudaStream_t stream);
 #endif
 
 namespace {
@@ -976,6 +980,61 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   return times_us;
 }
 
+// The median time of a plain read of `bytes` (bench/read_floor.cu) in time_on_gpu's harness: the
+// read captured in a CUDA graph, the L2 flushed (256 MB written) before each of `iters` replays.
+// A kernel that moves those bytes once takes at least that long; 0 where the buffer does not fit.
+double time_read_on_gpu(double bytes, int iters) {
+  const size_t read_bytes = static_cast<size_t>(bytes) / 16 * 16;
+  if (read_bytes == 0) return 0.0;
+  const size_t flush_bytes = size_t{256} << 20;
+  void* data = nullptr;
+  void* flush = nullptr;
+  void* sink = nullptr;
+  if (cudaMalloc(&data, read_bytes) != cudaSuccess ||
+      cudaMalloc(&flush, flush_bytes) != cudaSuccess ||
+      cudaMalloc(&sink, sizeof(uint32_t)) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(data);
+    cudaFree(flush);
+    return 0.0;
+  }
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  cuda_ok(cudaMemset(data, 1, read_bytes), "memset");
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  cuda_ok(mla_bench_enqueue_read(data, read_bytes, static_cast<uint32_t*>(sink), sms, stream),
+          "read");
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "event");
+  cuda_ok(cudaEventCreate(&stop), "event");
+  std::vector<double> times_us;
+  for (int i = -1; i < iters; ++i) {  // one replay of warm-up
+    cuda_ok(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
+    cuda_ok(cudaEventRecord(start, stream), "record");
+    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+    cuda_ok(cudaEventRecord(stop, stream), "record");
+    cuda_ok(cudaEventSynchronize(stop), "replay");
+    float ms = 0.0f;
+    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= 0) times_us.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaFree(data);
+  cudaFree(flush);
+  cudaFree(sink);
+  return median(times_us);
+}
+
 // Physical ceilings measured on this device: a 4 GiB device-to-device copy (bytes read + written)
 // and an 8192^3 bf16 matmul through cuBLAS, each the median of 10 after a warm-up.
 struct Ceilings {
@@ -1055,6 +1114,9 @@ struct Result {
   int64_t mean_seq_len = 0, max_seq_len = 0;
   double mean_counted = 0;  // sparse: keys per query token (counted entries other than -1)
   double median_us = 0, min_us = 0, p90_us = 0, tflops = 0, tbps = 0;
+  // GPU: a plain read of the bytes counted in tbps, timed the same way (time_read_on_gpu); 0 on
+  // the cpu backend, for a no-op, or where its buffer did not fit.
+  double read_floor_us = 0;
   std::vector<double> times_us;  // every timed iteration, in order
   CheckResult check;
 };
@@ -1175,6 +1237,9 @@ Result measure(Config c, bool gpu, const std::string& tag) {
   r.p90_us = percentile(times_us, 0.9);
   r.tflops = flops / (r.median_us * 1e-6) / 1e12;
   r.tbps = bytes / (r.median_us * 1e-6) / 1e12;
+#ifdef MLA_BENCH_WITH_CUDA
+  if (!on_cpu && !r.no_op) r.read_floor_us = time_read_on_gpu(bytes, c.iters);
+#endif
   r.config = c;
   r.times_us = std::move(times_us);
   const double took =
@@ -1189,7 +1254,7 @@ Result measure(Config c, bool gpu, const std::string& tag) {
 
 std::string to_json(const Result& r) {
   const Config& c = r.config;
-  char buf[1600];
+  char buf[2048];
   std::snprintf(
       buf, sizeof(buf),
       "{\"backend\": \"%s\", \"batch\": %lld, \"seq_len\": %lld, \"seq_sd\": %lld, "
@@ -1198,7 +1263,7 @@ std::string to_json(const Result& r) {
       "\"kv_format\": \"%s\", \"sparse_top_k\": %lld, \"topk_len_mean\": %lld, "
       "\"mean_counted_entries\": %.3f, \"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, "
       "\"min_us\": %.3f, \"p90_us\": %.3f, "
-      "\"tflops\": %.6f, \"tbps\": %.6f, "
+      "\"tflops\": %.6f, \"tbps\": %.6f, \"read_floor_us\": %.3f, "
       "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"max_diff_over_allowed\": %g, "
       "\"passed\": %s}, \"note\": \"%s\"}",
       r.backend, static_cast<long long>(c.batch), static_cast<long long>(c.seq_len),
@@ -1207,8 +1272,8 @@ std::string to_json(const Result& r) {
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
       c.rope_dim, c.dtype.c_str(), c.kv_format.c_str(), static_cast<long long>(c.top_k),
       static_cast<long long>(c.topk_len_mean), r.mean_counted, c.iters, r.no_op ? "true" : "false",
-      r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps, r.check.requests, r.check.max_abs_diff,
-      r.check.worst, r.check.ok ? "true" : "false", r.note.c_str());
+      r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps, r.read_floor_us, r.check.requests,
+      r.check.max_abs_diff, r.check.worst, r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
 
@@ -1247,6 +1312,12 @@ void print_text(const Result& r) {
       r.median_us, r.min_us, r.p90_us, c.iters,
       on_cpu ? "wall clock" : "CUDA events around graph replays, L2 flushed");
   std::printf("rate:   %.4f TFLOP/s, %.4f TB/s\n", r.tflops, r.tbps);
+  if (r.read_floor_us > 0) {
+    std::printf(
+        "read:   a plain read of the same bytes takes %.1f us in the same harness (%.0f%% of this "
+        "call's median)\n",
+        r.read_floor_us, 100.0 * r.read_floor_us / r.median_us);
+  }
 }
 
 // One row of a suite: a dense shape; the rest (dtype, backend, seed, ...) comes from the flags.

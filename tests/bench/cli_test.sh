@@ -123,6 +123,15 @@ expect 2 "sm90" -- --backend sm90 --heads 200 --batch 1 --seq-len 64 --iters 1
 # progress on stderr.
 expect 0 "a no-op call: batch 0" "check:  none" -- --backend cpu --batch 0 --iters 1
 expect 0 '"no_op": true' '"requests": 0' -- --backend cpu --batch 0 --iters 2 --json
+# The read floor is a GPU measurement: 0 on the cpu backend, and no `read:` line.
+expect 0 '"read_floor_us": 0.000' -- --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 --json
+runs=$((runs + 1))
+if "$bench" --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 2>/dev/null | grep -q '^read:'; then
+  failures=$((failures + 1))
+  echo "FAIL: mla-bench printed a read floor on the cpu backend"
+else
+  echo "ok:   mla-bench prints no read floor on the cpu backend"
+fi
 expect 0 "bitwise equal" "over 2 iterations" "started" "finished in" -- \
   --backend cpu --batch 3 --seq-len 100 --heads 4 --q-len 2 --page-size 16 --iters 2 --warmup 0
 expect 0 "usage: mla-bench" "Exit status" "--sparse-top-k K" "--topk-len-mean N" \
