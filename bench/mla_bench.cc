@@ -896,6 +896,29 @@ void* to_device(const void* host, size_t bytes, std::vector<void*>& owned) {
   return d;
 }
 
+// Replays `exec` on `stream` `warmup` times untimed, then `iters` times each timed with events
+// (microseconds), the L2 flushed (`flush_bytes` written at `flush`) before every replay.
+std::vector<double> timed_replays(cudaGraphExec_t exec, cudaStream_t stream, void* flush,
+                                  size_t flush_bytes, int warmup, int iters) {
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "event");
+  cuda_ok(cudaEventCreate(&stop), "event");
+  std::vector<double> times_us;
+  for (int i = -warmup; i < iters; ++i) {
+    cuda_ok(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
+    cuda_ok(cudaEventRecord(start, stream), "record");
+    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
+    cuda_ok(cudaEventRecord(stop, stream), "record");
+    cuda_ok(cudaEventSynchronize(stop), "replay");
+    float ms = 0.0f;
+    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (i >= 0) times_us.push_back(1000.0 * ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return times_us;
+}
+
 // One step on the GPU: device copies of the inputs, plan + run captured in a CUDA graph, L2 flushed
 // (256 MB written) before each replay, each replay timed with events. out comes back into `s`.
 std::vector<double> time_on_gpu(const Config& c, Step& s) {
@@ -956,23 +979,8 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
   mla::run(mla::plan(p), p);
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  cuda_ok(cudaEventCreate(&start), "event");
-  cuda_ok(cudaEventCreate(&stop), "event");
-  std::vector<double> times_us;
-  for (int i = 0; i < c.iters; ++i) {
-    cuda_ok(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
-    cuda_ok(cudaEventRecord(start, stream), "record");
-    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
-    cuda_ok(cudaEventRecord(stop, stream), "record");
-    cuda_ok(cudaEventSynchronize(stop), "replay");
-    float ms = 0.0f;
-    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times_us.push_back(1000.0 * ms);
-  }
+  const std::vector<double> times_us = timed_replays(exec, stream, flush, flush_bytes, 0, c.iters);
   cuda_ok(cudaMemcpy(s.out.data(), p.out.data, s.out.size(), cudaMemcpyDeviceToHost), "download");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
@@ -1010,22 +1018,7 @@ double time_read_on_gpu(double bytes, int iters) {
           "read");
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  cuda_ok(cudaEventCreate(&start), "event");
-  cuda_ok(cudaEventCreate(&stop), "event");
-  std::vector<double> times_us;
-  for (int i = -1; i < iters; ++i) {  // one replay of warm-up
-    cuda_ok(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream), "flush");
-    cuda_ok(cudaEventRecord(start, stream), "record");
-    cuda_ok(cudaGraphLaunch(exec, stream), "replay");
-    cuda_ok(cudaEventRecord(stop, stream), "record");
-    cuda_ok(cudaEventSynchronize(stop), "replay");
-    float ms = 0.0f;
-    cuda_ok(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (i >= 0) times_us.push_back(1000.0 * ms);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const std::vector<double> times_us = timed_replays(exec, stream, flush, flush_bytes, 1, iters);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

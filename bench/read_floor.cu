@@ -8,7 +8,8 @@
 
 namespace {
 
-// 16 bytes, not kept in L1 (the bytes are read once).
+// 16 bytes, not kept in L1 (the bytes are read once). Not tma::ld_global_nc_16, which adds an L2
+// prefetch hint: the floor is a plain read.
 __device__ __forceinline__ uint4 load_once(const uint4* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
