@@ -1,7 +1,8 @@
 // The exact widening of e4m3 values to fp16 and bf16 (src/sm90/decode/tma/widen.cuh), which the
 // wgmma kernels apply to fp8 caches and queries: all 256 bytes in every position of a 16-byte
-// piece, against the oracle's decoding (docs/contract.md section 3). NaN bytes must come out NaN;
-// every other value exactly, e4m3 subnormals and signed zeros included. Skips without a GPU.
+// piece, and in every position of a word widened half by half (widen_e4m3x2_half_of), against the
+// oracle's decoding (docs/contract.md section 3). NaN bytes must come out NaN; every other value
+// exactly, e4m3 subnormals and signed zeros included. Skips without a GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,6 +30,22 @@ __global__ void widen_pieces(const uint4* in, uint4* out, int n) {
   out[2 * i + 1] = hi;
 }
 
+// The same pieces as words, each half widened by widen_e4m3x2_half_of (the few-rows kernel's fp16
+// fragments): word i's bytes 0..3 come out as values 4i .. 4i + 3, in order.
+__global__ void widen_word_halves(const uint4* in, uint4* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t w[4] = {in[i].x, in[i].y, in[i].z, in[i].w};
+  uint32_t h[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    h[2 * k] = mla::sm90::tma::widen_e4m3x2_half_of<false>(w[k]);
+    h[2 * k + 1] = mla::sm90::tma::widen_e4m3x2_half_of<true>(w[k]);
+  }
+  out[2 * i] = make_uint4(h[0], h[1], h[2], h[3]);
+  out[2 * i + 1] = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
 double half_bits_to_double(uint16_t bits) {
   __half_raw r;
   r.x = bits;
@@ -41,7 +58,8 @@ double bf16_bits_to_double(uint16_t bits) {
   return v;
 }
 
-template <typename T>
+// kHalves: through widen_word_halves (fp16) instead of widen_pieces<T>.
+template <typename T, bool kHalves = false>
 void check_all_bytes(double (*decode16)(uint16_t)) {
   constexpr int kPieces = 256;
   std::vector<uint8_t> bytes(kPieces * 16);
@@ -55,7 +73,11 @@ void check_all_bytes(double (*decode16)(uint16_t)) {
   ASSERT_EQ(cudaMalloc(&out, kPieces * 32), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(in, bytes.data(), kPieces * 16, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(out, 0xff, kPieces * 32), cudaSuccess);
-  widen_pieces<T><<<(kPieces + 127) / 128, 128>>>(in, out, kPieces);
+  if constexpr (kHalves) {
+    widen_word_halves<<<(kPieces + 127) / 128, 128>>>(in, out, kPieces);
+  } else {
+    widen_pieces<T><<<(kPieces + 127) / 128, 128>>>(in, out, kPieces);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint16_t> got(kPieces * 16);
   ASSERT_EQ(cudaMemcpy(got.data(), out, kPieces * 32, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -86,6 +108,11 @@ TEST(Sm90Widen, E4m3ToFp16AllBytes) {
 TEST(Sm90Widen, E4m3ToBf16AllBytes) {
   SKIP_WITHOUT_HOPPER();
   check_all_bytes<__nv_bfloat16>(&bf16_bits_to_double);
+}
+
+TEST(Sm90Widen, E4m3HalvesOfAWordToFp16AllBytes) {
+  SKIP_WITHOUT_HOPPER();
+  check_all_bytes<__half, true>(&half_bits_to_double);
 }
 
 }  // namespace
