@@ -30,6 +30,7 @@
 #include "mla/mla.h"
 
 #ifdef MLA_BENCH_WITH_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -65,7 +66,7 @@ struct Config {
   bool list = false;       // --list: print the suite's configurations, run nothing
   std::string json_out;    // --json-out FILE: one JSON object per configuration
   std::string times_out;   // --times-out FILE: every timed iteration, one line each
-  bool ceilings = false;   // measure device copy bandwidth and bf16 matmul rate first
+  bool ceilings = false;   // measure device copy bandwidth and bf16 and fp8 matmul rates first
   bool pdl = false;        // enable_pdl: programmatic dependent launch between the kernels
   bool allow_cpu = false;  // let a suite run on the cpu backend
   std::string kv_format = "plain";  // plain (the cache in --dtype's type) or fp8_ds_mla
@@ -124,7 +125,8 @@ void usage() {
       "  --list           with --suite: print the suite's configurations and run nothing\n"
       "  --allow-cpu      let a suite run on the cpu backend (GPU-sized shapes: minutes to\n"
       "                   hours)\n"
-      "  --ceilings       measure the device copy bandwidth and bf16 matmul rate first (GPU)\n"
+      "  --ceilings       measure the device copy bandwidth and bf16 and fp8 matmul rates first "
+      "(GPU)\n"
       "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
@@ -1028,12 +1030,66 @@ double time_read_on_gpu(double bytes, int iters) {
   return median(times_us);
 }
 
-// Physical ceilings measured on this device: a 4 GiB device-to-device copy (bytes read + written)
-// and an 8192^3 bf16 matmul through cuBLAS, each the median of 10 after a warm-up.
+// Physical ceilings measured on this device: a 4 GiB device-to-device copy (bytes read + written),
+// an 8192^3 bf16 matmul through cuBLAS and the same matmul on the FP8 tensor cores through
+// cuBLASLt (e4m3 x e4m3 -> bf16), each the median of 10 after a warm-up.
 struct Ceilings {
   bool measured = false;
   double copy_tbps = 0, matmul_tflops = 0;
+  double fp8_matmul_tflops = 0;  // 0: cuBLASLt offered no FP8 algorithm (or failed)
 };
+
+// The median time (ms) of an n^3 e4m3 x e4m3 -> bf16 matmul through cuBLASLt, fp32 accumulation
+// (FP8 GEMMs take A transposed: "TN"), timed by `time_ms`; 0 where any cuBLASLt call fails.
+template <typename TimeMs>
+double fp8_matmul_ms(int n, std::vector<void*>& owned, TimeMs time_ms) {
+  const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(n);
+  const size_t ws_bytes = size_t{32} << 20;
+  void* x = to_device(nullptr, bytes, owned);
+  void* y = to_device(nullptr, bytes, owned);
+  void* z = to_device(nullptr, 2 * bytes, owned);
+  void* ws = to_device(nullptr, ws_bytes, owned);
+  cuda_ok(cudaMemset(x, 0x38, bytes), "memset");  // e4m3 1.0
+  cuda_ok(cudaMemset(y, 0x30, bytes), "memset");  // e4m3 0.5
+  cublasLtHandle_t lt = nullptr;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  bool ok =
+      cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &ws_bytes, sizeof(ws_bytes)) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heuristic, &found) ==
+          CUBLAS_STATUS_SUCCESS &&
+      found > 0;
+  auto run = [&] {
+    return cublasLtMatmul(lt, op, &alpha, x, la, y, lb, &beta, z, ld, z, ld, &heuristic.algo, ws,
+                          ws_bytes, nullptr) == CUBLAS_STATUS_SUCCESS;
+  };
+  ok = ok && run() && cudaDeviceSynchronize() == cudaSuccess;
+  const double ms = ok ? time_ms([&] { run(); }) : 0.0;
+  cudaGetLastError();
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  if (ld != nullptr) cublasLtMatrixLayoutDestroy(ld);
+  if (lb != nullptr) cublasLtMatrixLayoutDestroy(lb);
+  if (la != nullptr) cublasLtMatrixLayoutDestroy(la);
+  if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  if (lt != nullptr) cublasLtDestroy(lt);
+  return ms;
+}
 
 Ceilings measure_ceilings() {
   Ceilings c;
@@ -1084,6 +1140,9 @@ Ceilings measure_ceilings() {
   });
   c.copy_tbps = 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e-3) / 1e12;
   c.matmul_tflops = 2.0 * n * static_cast<double>(n) * n / (mm_ms * 1e-3) / 1e12;
+  const double fp8_ms = fp8_matmul_ms(n, owned, time_ms);
+  c.fp8_matmul_tflops =
+      fp8_ms > 0 ? 2.0 * n * static_cast<double>(n) * n / (fp8_ms * 1e-3) / 1e12 : 0.0;
   c.measured = true;
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -1095,6 +1154,7 @@ Ceilings measure_ceilings() {
 struct Ceilings {
   bool measured = false;
   double copy_tbps = 0, matmul_tflops = 0;
+  double fp8_matmul_tflops = 0;
 };
 Ceilings measure_ceilings() { return {}; }
 #endif
@@ -1555,7 +1615,8 @@ int run(const Config& c) {
   FILE* times_file = open_for_writing("--times-out", c.times_out);
   Ceilings ceilings;
   if (gpu && (c.ceilings || !c.suite.empty())) {
-    std::fprintf(stderr, "mla-bench: measuring the device copy bandwidth and bf16 matmul rate\n");
+    std::fprintf(stderr,
+                 "mla-bench: measuring the device copy bandwidth and bf16 and fp8 matmul rates\n");
     ceilings = measure_ceilings();
   } else if (c.ceilings) {
     std::fprintf(stderr, "mla-bench: --ceilings: not on a Hopper GPU, nothing measured\n");
@@ -1585,8 +1646,13 @@ int run(const Config& c) {
   if (ceilings.measured) {
     std::printf(
         "ceilings: device copy %.2f TB/s (bytes read + written), bf16 matmul %.0f TFLOP/s "
-        "(8192^3, cuBLAS)\n",
-        ceilings.copy_tbps, ceilings.matmul_tflops);
+        "(8192^3, cuBLAS), fp8 matmul %s\n",
+        ceilings.copy_tbps, ceilings.matmul_tflops,
+        ceilings.fp8_matmul_tflops > 0
+            ? (std::to_string(static_cast<int>(ceilings.fp8_matmul_tflops + 0.5)) +
+               " TFLOP/s (8192^3 e4m3 -> bf16, cuBLASLt)")
+                  .c_str()
+            : "not measured (cuBLASLt offered no FP8 algorithm)");
   }
   if (!c.suite.empty() && !c.json) {
     if (!results.empty() && !results.front().note.empty()) {
