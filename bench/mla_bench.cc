@@ -20,6 +20,7 @@
 #include <exception>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -68,6 +69,7 @@ struct Config {
   std::string times_out;   // --times-out FILE: every timed iteration, one line each
   bool ceilings = false;   // measure device copy bandwidth and bf16 and fp8 matmul rates first
   bool pdl = false;        // enable_pdl: programmatic dependent launch between the kernels
+  bool layer = false;      // --layer: the plan made before the capture; the graph holds run() alone
   bool allow_cpu = false;  // let a suite run on the cpu backend
   std::string kv_format = "plain";  // plain (the cache in --dtype's type) or fp8_ds_mla
   int64_t top_k = 0;                // --sparse-top-k: > 0 selects sparse mode
@@ -128,6 +130,9 @@ void usage() {
       "  --ceilings       measure the device copy bandwidth and bf16 and fp8 matmul rates first "
       "(GPU)\n"
       "  --pdl            launch the kernels of a call with programmatic dependent launch\n"
+      "  --layer          time one layer's call: plan() runs once before the graph is captured\n"
+      "                   (one plan serves every layer of a step) and the graph holds run()\n"
+      "                   alone (default: plan() and run(), a step's first layer)\n"
       "  --json           print one JSON object per configuration instead of the table\n"
       "  --json-out FILE  also write one JSON object per configuration to FILE\n"
       "  --times-out FILE also write every timed iteration to FILE (configuration index, us)\n"
@@ -280,6 +285,8 @@ bool parse_args(int argc, char** argv, Config& c) {
       c.ceilings = true;
     } else if (a == "--pdl") {
       c.pdl = true;
+    } else if (a == "--layer") {
+      c.layer = true;
     } else if (a == "--help" || a == "-h") {
       usage();
       return false;
@@ -977,8 +984,15 @@ std::vector<double> time_on_gpu(const Config& c, Step& s) {
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  // --layer: the plan is made once, outside the graph, as an engine reuses one plan across the
+  // layers of a step; each replay is then one layer's run().
+  std::optional<mla::Plan> layer_plan;
+  if (c.layer) {
+    layer_plan = mla::plan(p);
+    cuda_ok(cudaStreamSynchronize(stream), "plan");
+  }
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-  mla::run(mla::plan(p), p);
+  mla::run(layer_plan ? *layer_plan : mla::plan(p), p);
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   const std::vector<double> times_us = timed_replays(exec, stream, flush, flush_bytes, 0, c.iters);
@@ -1314,7 +1328,8 @@ std::string to_json(const Result& r) {
       "\"mean_seq_len\": %lld, \"max_seq_len\": %lld, \"heads\": %lld, \"q_len\": %lld, "
       "\"page_size\": %lld, \"kv_lora_rank\": %d, \"qk_rope_head_dim\": %d, \"dtype\": \"%s\", "
       "\"kv_format\": \"%s\", \"sparse_top_k\": %lld, \"topk_len_mean\": %lld, "
-      "\"mean_counted_entries\": %.3f, \"iters\": %d, \"no_op\": %s, \"median_us\": %.3f, "
+      "\"mean_counted_entries\": %.3f, \"iters\": %d, \"pdl\": %s, \"layer\": %s, "
+      "\"no_op\": %s, \"median_us\": %.3f, "
       "\"min_us\": %.3f, \"p90_us\": %.3f, "
       "\"tflops\": %.6f, \"tbps\": %.6f, \"read_floor_us\": %.3f, "
       "\"check\": {\"requests\": %d, \"max_abs_diff\": %g, \"max_diff_over_allowed\": %g, "
@@ -1324,9 +1339,10 @@ std::string to_json(const Result& r) {
       static_cast<long long>(r.max_seq_len), static_cast<long long>(c.heads),
       static_cast<long long>(c.q_len), static_cast<long long>(c.page_size), c.kv_lora_rank,
       c.rope_dim, c.dtype.c_str(), c.kv_format.c_str(), static_cast<long long>(c.top_k),
-      static_cast<long long>(c.topk_len_mean), r.mean_counted, c.iters, r.no_op ? "true" : "false",
-      r.median_us, r.min_us, r.p90_us, r.tflops, r.tbps, r.read_floor_us, r.check.requests,
-      r.check.max_abs_diff, r.check.worst, r.check.ok ? "true" : "false", r.note.c_str());
+      static_cast<long long>(c.topk_len_mean), r.mean_counted, c.iters, c.pdl ? "true" : "false",
+      c.layer ? "true" : "false", r.no_op ? "true" : "false", r.median_us, r.min_us, r.p90_us,
+      r.tflops, r.tbps, r.read_floor_us, r.check.requests, r.check.max_abs_diff, r.check.worst,
+      r.check.ok ? "true" : "false", r.note.c_str());
   return buf;
 }
 

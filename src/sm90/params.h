@@ -79,6 +79,9 @@ struct DecodeKernelParams {
   int32_t out_fp16 = 0;    // out dtype: 1 fp16, 0 bf16 (for the kernels that write out)
   int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
   int32_t direct_out = 0;  // the decode kernel writes out and lse (one split); no combine
+  // The seesaw kernel loads its query tiles through the query tensor map (tma::
+  // make_query_tensor_map) rather than through the consumers' registers.
+  int32_t query_tma = 0;
   int32_t sinks_elem = 0;  // sinks dtype: 0 fp32, 1 bf16, 2 fp16
   // Head dims (kv_lora_rank L, qk_rope_head_dim R): (512, 64), (256, 64) or (512, 0). The TMA and
   // gather kernels' tiles keep the 512 + 64 column layout of (512, 64): columns of the tile that

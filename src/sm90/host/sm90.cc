@@ -22,6 +22,7 @@
 #include "sm90/decode/tma/tensor_map.h"
 #include "sm90/host/device.h"
 #include "sm90/host/route.h"
+#include "sm90/host/switches.h"
 #include "sm90/params.h"
 
 namespace mla::detail::sm90 {
@@ -305,19 +306,19 @@ cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
 
 // The same for the seesaw kernel.
 cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
-                               const CUtensorMap& kv_map, const Route& route, cudaStream_t stream,
-                               bool pdl) {
+                               const CUtensorMap& kv_map, const CUtensorMap& q_map,
+                               const Route& route, cudaStream_t stream, bool pdl) {
   const bool direct = route.layout.direct;
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
-    return seesaw::launch_seesaw<Elem::kBf16, Elem::kBf16>(k, kv_map, route.tiles, direct,
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kBf16>(k, kv_map, q_map, route.tiles, direct,
                                                            route.pair, route.clean, stream, pdl);
   }
   if (q == Elem::kFp16 && kv == Elem::kFp16) {
-    return seesaw::launch_seesaw<Elem::kFp16, Elem::kFp16>(k, kv_map, route.tiles, direct,
+    return seesaw::launch_seesaw<Elem::kFp16, Elem::kFp16>(k, kv_map, q_map, route.tiles, direct,
                                                            route.pair, route.clean, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
-    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8E4M3>(k, kv_map, route.tiles, direct,
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8E4M3>(k, kv_map, q_map, route.tiles, direct,
                                                               route.pair, route.clean, stream, pdl);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
@@ -326,11 +327,11 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
                                                                        direct, stream, pdl);
     }
     return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(
-        k, kv_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+        k, kv_map, q_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
     return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8DsMla>(
-        k, kv_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+        k, kv_map, q_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported,
            "backend sm90: no seesaw kernel for this (query, kv_cache) pair");
@@ -377,6 +378,7 @@ cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const Ro
 cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                           DecodeKernelParams& k, const CUtensorMap& kv_map, uint8_t* workspace,
                           cudaStream_t stream, bool pdl) {
+  CUtensorMap q_map{};
   k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
   if (route.sparse) return launch_sparse(q, kv, k, route, stream, pdl);
   switch (route.kernel) {
@@ -388,7 +390,11 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
     case Kernel::kSeesaw: {
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);
-      return launch_seesaw_pair(q, kv, k, kv_map, route, stream, pdl);
+      // The query tiles through the tensor map where it can be made (16-bit query and cache, head
+      // dims (512, 64), H a multiple of 64; docs/sm90-seesaw.md, The query tile).
+      k.query_tma =
+          switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
+      return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }
     case Kernel::kSimt:
       if (p.L == 256 && p.R == 64) return launch_simt_dims<256, 64>(q, kv, k, stream, pdl);

@@ -29,6 +29,9 @@ struct Switches {
   // MLA_SM90_FP8_DIRECT=0: an e4m3 cache on the few-rows kernel is widened in shared memory, not
   // read by the GEMMs as it lands (route.h, Route::fp8_direct).
   bool fp8_direct = true;
+  // MLA_SM90_QUERY_TMA=0: the seesaw kernel's consumers load each query tile through their
+  // registers, not through the query tensor map (tma::make_query_tensor_map).
+  bool query_tma = true;
   // MLA_SM90_FP8_SEESAW_MIN_BLOCKS=N (N > 0): the fewest blocks per split at which a call of one
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).

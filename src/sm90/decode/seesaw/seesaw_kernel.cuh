@@ -52,6 +52,8 @@ namespace mla::sm90::seesaw {
 
 using tma::fence_proxy_async_smem;
 using tma::mbar_arrive;
+using tma::mbar_arrive_expect_tx;
+using tma::mbar_init;
 using tma::mbar_wait;
 using tma::named_barrier_and;
 using tma::named_barrier_arrive;
@@ -120,7 +122,8 @@ template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse =
           bool kTokenRows = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
-                  const __grid_constant__ CUtensorMap kv_map) {
+                  const __grid_constant__ CUtensorMap kv_map,
+                  const __grid_constant__ CUtensorMap q_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
   // A bf16 query over an e4m3 cache: fp16 GEMMs over the query scaled per row.
@@ -143,6 +146,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   // The producer warpgroup's registers: 56 where it widens or gathers, 88 where it holds a block
   // ahead in registers (the pair's gather).
   constexpr bool kWideProducer = F::kFp8Cache || kGather;
+  // A 16-bit query over a cache of the same type, dense: its tiles may come through the query
+  // tensor map (p.query_tma; tma::make_query_tensor_map), one thread issuing nine boxes.
+  constexpr bool kQueryTma = !kSparse && !kGather && !kScaledQuery && !F::kFp8Query && Q == KV &&
+                             (Q == Elem::kBf16 || Q == Elem::kFp16);
   // The fp8 ring (tma/fp8_ring.cuh): its widening warps store keys past the extent as zeros.
   constexpr bool kWidenRing = F::kFp8Cache && !kGather;
   static_assert(!(kDirect && kPair),
@@ -158,6 +165,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
+  if constexpr (kQueryTma) {
+    // NOTE: fenced and published with the ring's barriers below.
+    if (threadIdx.x == 0) mbar_init(&smem.q_full, 1);
+  }
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kGatherPair) {
     tma::init_gather_ahead_barriers<Traits, true>(smem);
@@ -277,6 +288,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   // A one-segment request's out rows leave the query tile's bytes by bulk copies that threads
   // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
   bool out_copies_pending = false;
+  const bool query_tma = kQueryTma && p.query_tma != 0;
+  uint32_t q_phase = 0;  // q_full's phase: one per query tile loaded through the tensor map
+  if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
   Cursor cursor;
   cursor.begin(p);
   // The balanced schedule: the part's first query tile, asked of L2 before the cursor's record and
@@ -296,7 +310,39 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
     // both consumers passed its final barrier. While the loads are in flight, a one-segment
     // request's rows find their places in out and lse, so that its end is short.
-    {
+    if (query_tma) {
+      if constexpr (kQueryTma) {
+        // The tile's bytes are free once the previous segment's staged out rows have been read
+        // (its GEMMs are complete): the bulk copies waited for here, the 16-byte stores (and
+        // every thread's staging stores, fenced for the boxes' writes) behind the barrier.
+        if (out_copies_pending) {
+          if (ctid < kRows) tma_store_wait<0>();
+          out_copies_pending = false;
+        }
+        fence_proxy_async_smem();
+        sync_local();
+        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+        if (ctid == 0) {
+          // H is a multiple of 64: the tile is heads h0 .. h0 + 63 of one token.
+          const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
+          const bool ragged = p.cum_seq_lens_q != nullptr;
+          mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * Traits::kStageElemBytes);
+#pragma unroll
+          for (int c = 0; c < Traits::kChunks; ++c) {
+            tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,
+                             c * Traits::kChunkCols, h0, ragged ? w.token0 + i : i,
+                             ragged ? 0 : w.b);
+          }
+        }
+        if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+        mbar_wait(&smem.q_full, q_phase);
+        q_phase ^= 1;
+      }
+      // NOTE: set_out_row's stores reach both warpgroups (consumer 0's first warps write them):
+      // the writers sync themselves first, as at store_rows' hand-offs.
+      sync_local();
+      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    } else {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query, __half, void>, false,
                                 kScaledQuery>(
@@ -1032,8 +1078,8 @@ int pair_clusters_resident() {
 
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                          int num_tiles, bool direct_split, bool pair, bool clean,
-                          cudaStream_t stream, bool pdl) {
+                          const CUtensorMap& q_map, int num_tiles, bool direct_split, bool pair,
+                          bool clean, cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, false>>;
   // fp8 caches run unpaired (widened per CTA), as do fp8_ds_mla's gathered blocks
   constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache && KV != Elem::kFp8DsMla;
@@ -1050,7 +1096,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
-                            params, kv_map);
+                            params, kv_map, q_map);
 }
 
 template <Elem Q, Elem KV>
@@ -1077,7 +1123,7 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
-                            params, unused);
+                            params, unused, unused);
 }
 
 }  // namespace mla::sm90::seesaw

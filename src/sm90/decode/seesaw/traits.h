@@ -128,6 +128,7 @@ struct SeesawTraits {
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
     uint64_t empty_l[kStages];  // chunks 0..3 (V_L) consumed: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 (V_R, rope / P) consumed: one per consumer-1 warp
+    uint64_t q_full;            // the query tile's boxes landed (query tensor map: p.query_tma)
   };
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "sm90/decode/tma/tensor_map.h"
 
@@ -61,6 +62,41 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
                             : e4m3_swizzled ? CU_TENSOR_MAP_SWIZZLE_64B
                                             : CU_TENSOR_MAP_SWIZZLE_NONE,
                             promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, Elem kv, CUtensorMap* map) {
+  const bool sixteen = q == kv && (q == Elem::kBf16 || q == Elem::kFp16);
+  if (!sixteen || p.kv_lora_rank != 512 || p.rope_dim != 64 || p.num_heads <= 0 ||
+      p.num_heads % kTileRows != 0 || p.num_tokens <= 0 ||
+      reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
+    return cudaErrorNotSupported;
+  }
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  // Ragged queries: token t = cum_seq_lens_q[b] + i of one flat run (batch stride 0); dense: token
+  // i of request b.
+  const bool ragged = p.cum_seq_lens_q != nullptr;
+  const int64_t tokens = ragged ? p.num_tokens : p.q_len;
+  const int64_t requests = ragged ? 1 : p.batch;
+  if (tokens <= 0 || requests <= 0) return cudaErrorNotSupported;
+  const cuuint64_t dims[4] = {576, static_cast<cuuint64_t>(p.num_heads),
+                              static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(requests)};
+  // NOTE: a dimension of one element still needs a stride the driver accepts: the run's extent.
+  const int64_t batch_stride = ragged ? p.q_token * tokens : p.q_batch;
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_head * 2),
+                                 static_cast<cuuint64_t>(p.q_token * 2),
+                                 static_cast<cuuint64_t>(batch_stride * 2)};
+  for (const cuuint64_t st : strides) {
+    if (st == 0 || st % 16 != 0) return cudaErrorNotSupported;
+  }
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(kTileRows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      q == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(map, type, 4, const_cast<void*>(p.query), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
