@@ -123,6 +123,10 @@ expect 2 "sm90" -- --backend sm90 --heads 200 --batch 1 --seq-len 64 --iters 1
 # progress on stderr.
 expect 0 "a no-op call: batch 0" "check:  none" -- --backend cpu --batch 0 --iters 1
 expect 0 '"no_op": true' '"requests": 0' -- --backend cpu --batch 0 --iters 2 --json
+# The JSON names how the call was timed: --pdl and --layer (plan outside the graph) as given.
+expect 0 '"pdl": false, "layer": false' -- --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 --json
+expect 0 '"pdl": true, "layer": true' -- --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 \
+  --pdl --layer --json
 # The read floor is a GPU measurement: 0 on the cpu backend, and no `read:` line.
 expect 0 '"read_floor_us": 0.000' -- --backend cpu --batch 1 --seq-len 16 --heads 2 --iters 1 --json
 runs=$((runs + 1))
