@@ -436,6 +436,16 @@ std::vector<Case> tma_cases() {
       add(c);
     }
   }
+  for (const int H : {32, 16, 8}) {
+    Case c;  // 64 / H tokens a tile, a request's last tile past its q_len tokens (read as zeros)
+    c.B = 3;
+    c.H = H;
+    c.q_len = H == 8 ? 5 : 3;
+    c.page_size = 64;
+    c.seq_lens = {1500, 70, c.q_len};
+    if (H == 16) c.q_dtype = c.kv_dtype = c.out_dtype = kFp16;
+    add(c);
+  }
   {
     Case c;  // long sequences, many splits; lengths around block and page edges
     c.B = 5;

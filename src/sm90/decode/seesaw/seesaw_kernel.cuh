@@ -323,7 +323,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         sync_local();
         named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
         if (ctid == 0) {
-          // H is a multiple of 64: the tile is heads h0 .. h0 + 63 of one token.
+          // Heads h0 .. h0 + 63 of token i (H a multiple of 64), or every head of tokens i ..
+          // i + 64 / H - 1 (h0 = 0; H divides 64).
           const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
           const bool ragged = p.cum_seq_lens_q != nullptr;
           mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * Traits::kStageElemBytes);

@@ -67,16 +67,20 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
 
 cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, Elem kv, CUtensorMap* map) {
   const bool sixteen = q == kv && (q == Elem::kBf16 || q == Elem::kFp16);
-  if (!sixteen || p.kv_lora_rank != 512 || p.rope_dim != 64 || p.num_heads <= 0 ||
-      p.num_heads % kTileRows != 0 || p.num_tokens <= 0 ||
-      reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
+  const bool ragged = p.cum_seq_lens_q != nullptr;
+  // A tile is 64 heads of one token, or 64 / H whole tokens; in the latter, a request's last tile
+  // may run past its tokens, which must read as zeros: past q_len of a dense query (the box's
+  // out-of-range rows), not the next request's tokens of a ragged one.
+  const bool heads_whole = p.num_heads > 0 && p.num_heads % kTileRows == 0;
+  const bool tokens_whole = p.num_heads > 0 && kTileRows % p.num_heads == 0 && !ragged;
+  if (!sixteen || p.kv_lora_rank != 512 || p.rope_dim != 64 || !(heads_whole || tokens_whole) ||
+      p.num_tokens <= 0 || reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
     return cudaErrorNotSupported;
   }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
   if (encode == nullptr) return cudaErrorNotSupported;
   // Ragged queries: token t = cum_seq_lens_q[b] + i of one flat run (batch stride 0); dense: token
   // i of request b.
-  const bool ragged = p.cum_seq_lens_q != nullptr;
   const int64_t tokens = ragged ? p.num_tokens : p.q_len;
   const int64_t requests = ragged ? 1 : p.batch;
   if (tokens <= 0 || requests <= 0) return cudaErrorNotSupported;
@@ -90,7 +94,8 @@ cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, Elem kv, 
   for (const cuuint64_t st : strides) {
     if (st == 0 || st % 16 != 0) return cudaErrorNotSupported;
   }
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(kTileRows), 1, 1};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(heads_whole ? kTileRows : p.num_heads),
+                             static_cast<cuuint32_t>(heads_whole ? 1 : kTileRows / p.num_heads), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       q == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
