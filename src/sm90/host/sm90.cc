@@ -391,7 +391,8 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);
       // The query tiles through the tensor map where it can be made (16-bit query and cache, head
-      // dims (512, 64), H a multiple of 64; docs/sm90-seesaw.md, The query tile).
+      // dims (512, 64), H a multiple of 64 or a divisor of 64 with a dense query;
+      // docs/sm90-seesaw.md, The query tile).
       k.query_tma =
           switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
