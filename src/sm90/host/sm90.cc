@@ -225,6 +225,7 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.page_shift = log2_exact(p.page_size);
   k.num_pages = static_cast<int32_t>(p.num_pages);
   k.top_k = static_cast<int32_t>(p.top_k);
+  k.consumer_fence = switches().consumer_fence ? 1 : 0;
   k.kv_lora_rank = static_cast<int32_t>(p.L);
   k.rope_dim = static_cast<int32_t>(p.R);
   for (int c = 0; c < 9; ++c) {

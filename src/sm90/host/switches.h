@@ -32,6 +32,9 @@ struct Switches {
   // MLA_SM90_QUERY_TMA=0: the seesaw kernel's consumers load each query tile through their
   // registers, not through the query tensor map (tma::make_query_tensor_map).
   bool query_tma = true;
+  // MLA_SM90_CONSUMER_FENCE=0: the few-rows sparse producer that gathers e4m3 rows a block ahead
+  // fences each chunk itself before publishing it, instead of its consumers after their wait.
+  bool consumer_fence = true;
   // MLA_SM90_FP8_SEESAW_MIN_BLOCKS=N (N > 0): the fewest blocks per split at which a call of one
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).

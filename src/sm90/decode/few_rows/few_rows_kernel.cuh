@@ -633,7 +633,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_wait<0>();
           warpgroup_fence_operand(tSrS);
         } else {
-          tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[stage], phase);
+          tma::chunked_gemm<Traits>(mma_qk, tSrK, tSrQ, tSrS, smem.full[stage], phase,
+                                    tma::NoHook{}, kAhead && p.consumer_fence != 0);
         }
       }
 

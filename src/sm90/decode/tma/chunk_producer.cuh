@@ -58,12 +58,14 @@ struct NoHook {
 // C = A B over a K block whose 64-column chunks land one by one: each chunk's k steps are issued
 // once its full barrier (`full[c]`, phase `phase`) has completed; waits for the result. A and B are
 // the GEMM's fragments over the block's k steps (kChunks x 4 each). `after_first_chunk` runs once
-// the first chunk's k steps are issued (they are not committed yet).
+// the first chunk's k steps are issued (they are not committed yet). `fence`: the chunks' writer
+// published them without a proxy fence (generic stores, then its release on the barrier), so each
+// wait is followed by one here, on the path from those stores to the wgmma's reads.
 template <typename Traits, typename Mma, typename FragA, typename FragB, typename Accum,
           typename Hook = NoHook>
 __device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const FragB& b, Accum& c,
                                              uint64_t* full, uint32_t phase,
-                                             Hook after_first_chunk = {}) {
+                                             Hook after_first_chunk = {}, bool fence = false) {
   constexpr int kStepsPerChunk = Traits::kChunkCols / 16;
   static_assert(decltype(cute::size<2>(a))::value == Traits::kChunks * kStepsPerChunk, "k steps");
   cute::warpgroup_fence_operand(c);
@@ -72,6 +74,7 @@ __device__ __forceinline__ void chunked_gemm(Mma& mma, const FragA& a, const Fra
   for (int k = 0; k < cute::size<2>(a); ++k) {
     if (k % kStepsPerChunk == 0) {
       mbar_wait(&full[k / kStepsPerChunk], phase);
+      if (fence) fence_proxy_async_smem();
       cute::warpgroup_arrive();
     }
     cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);

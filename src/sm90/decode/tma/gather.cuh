@@ -635,7 +635,11 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   // gets the warp's arrive from lane 0, chunk kSlotChunk's also from the other slot writers (kPair:
   // warp 0's lane 0 carries the other CTA's bytes).
   auto arrive = [&](int stage, int c) {
-    fence_proxy_async_smem();
+    // Unpaired, with p.consumer_fence, the consumers fence after their wait instead: a fence here
+    // waits for this thread's loads of the next block in flight (docs/sm90-sparse.md, The proxy
+    // fence on the consumers' side). The pair's bulk copy reads the chunk through the async proxy
+    // right after, so the pair fences here.
+    if (kPair || p.consumer_fence == 0) fence_proxy_async_smem();
     __syncwarp();
     if constexpr (kPair) {
       // The warp's 8 rows of the chunk, 1 KB in a row, to the same place in the other CTA.
