@@ -82,11 +82,6 @@ struct DecodeKernelParams {
   // The seesaw kernel loads its query tiles through the query tensor map (tma::
   // make_query_tensor_map) rather than through the consumers' registers.
   int32_t query_tma = 0;
-  // The chunks a few-rows producer widens from rows it gathered a block ahead into registers are
-  // published without the producer's proxy fence; each consumer fences after its wait on the chunk
-  // instead (tma::gather_ahead_blocks; docs/sm90-sparse.md, The proxy fence on the consumers'
-  // side).
-  int32_t consumer_fence = 0;
   int32_t sinks_elem = 0;  // sinks dtype: 0 fp32, 1 bf16, 2 fp16
   // Head dims (kv_lora_rank L, qk_rope_head_dim R): (512, 64), (256, 64) or (512, 0). The TMA and
   // gather kernels' tiles keep the 512 + 64 column layout of (512, 64): columns of the tile that
@@ -116,6 +111,13 @@ struct DecodeKernelParams {
   float bmm1_scale = 1.0f;           // used when bmm1_scale_ptr is null
   float bmm2_scale = 1.0f;           // used when bmm2_scale_ptr is null
   float skip_softmax_factor = 0.0f;  // f > 0 enables skip-softmax
+  // The chunks a few-rows producer widens from rows it gathered a block ahead into registers are
+  // published without the producer's proxy fence; each consumer fences after its wait on the chunk
+  // instead (tma::gather_ahead_blocks; docs/sm90-sparse.md, The proxy fence on the consumers'
+  // side). NOTE: last, so that no other member moves: the kernels that never read it compile to
+  // the same SASS (a member in the middle moved the others' offsets and ptxas paired their
+  // constant loads differently in every kernel).
+  int32_t consumer_fence = 0;
 };
 
 // What the checked mode inspects; the first bad entry lands in the workspace record.
