@@ -225,13 +225,46 @@ inline void check_sm90(const Built& b) {
   decode_case::check_against_oracle(b, sm90_p_rel(b), &extra);
 }
 
-// check_sm90 for a call over an fp8_ds_mla cache (fp8_ds_mla::use_fp8_ds_mla, b.c.kv_dtype bf16)
-// that took `route`. The gather kernels (any route but SIMT) round each dequantized latent value to
-// bf16 and P to bf16 for their bf16 GEMMs: sm90_p_rel plus fp8_ds_mla::dequant_rounding_allowance.
-// The SIMT kernel dequantizes in fp32 and keeps P in fp32: only the partials' rounding to the out
-// type.
-inline void check_sm90_ds_mla(const Built& b, const mla::detail::sm90::Route& route) {
-  if (route.kernel != mla::detail::sm90::Kernel::kSimt) {  // the gather kernels
+// The sum of two sets of per-row allowances (first-order errors add).
+inline RowAllowance sum_of(const RowAllowance& x, const RowAllowance& y, size_t rows) {
+  RowAllowance a;
+  a.out_rel.assign(rows, 0.0);
+  a.out_abs.assign(rows, 0.0);
+  a.lse_abs.assign(rows, 0.0);
+  for (size_t r = 0; r < rows; ++r) {
+    a.out_rel[r] = x.out(r) + y.out(r);
+    a.out_abs[r] = x.out_add(r) + y.out_add(r);
+    a.lse_abs[r] = x.lse(r) + y.lse(r);
+  }
+  return a;
+}
+
+// A sparse call over an fp8_ds_mla cache on the few-rows kernel's direct route (its rows read as
+// they land: route.fp8_direct; docs/sm90-sparse.md).
+inline bool sm90_ds_direct(const mla::detail::sm90::Route& route) {
+  return route.kernel == mla::detail::sm90::Kernel::kFewRows && route.sparse && route.fp8_direct;
+}
+// The allowances of that route against the exact oracle: the query scaled into fp16's range
+// (fp8_mma::scaled_query_allowance; every product and the scales' products are exact or fp32) and
+// P's fp16 rounding below 2^-14 (fp8_ds_mla::direct_p_allowance); P's relative rounding is the
+// caller's p_rel.
+inline RowAllowance ds_direct_allowance(const Built& b, const std::vector<uint8_t>& storage) {
+  return sum_of(fp8_mma::scaled_query_allowance(b.in), fp8_ds_mla::direct_p_allowance(b, storage),
+                static_cast<size_t>(b.in.num_tokens()) * b.in.num_heads);
+}
+
+// check_sm90 for a call over an fp8_ds_mla cache (fp8_ds_mla::use_fp8_ds_mla, b.c.kv_dtype bf16,
+// its bytes in `storage`) that took `route`. The gather kernels (any route but SIMT) round each
+// dequantized latent value to bf16 and P to bf16 for their bf16 GEMMs: sm90_p_rel plus
+// fp8_ds_mla::dequant_rounding_allowance; the direct route (sm90_ds_direct) keeps the latent values
+// exact and adds ds_direct_allowance instead. The SIMT kernel dequantizes in fp32 and keeps P in
+// fp32: only the partials' rounding to the out type.
+inline void check_sm90_ds_mla(const Built& b, const mla::detail::sm90::Route& route,
+                              const std::vector<uint8_t>& storage) {
+  if (sm90_ds_direct(route)) {
+    const RowAllowance extra = ds_direct_allowance(b, storage);
+    decode_case::check_against_oracle(b, sm90_p_rel(b), &extra);
+  } else if (route.kernel != mla::detail::sm90::Kernel::kSimt) {  // the gather kernels
     const RowAllowance rounding = fp8_ds_mla::dequant_rounding_allowance(b.in);
     decode_case::check_against_oracle(b, sm90_p_rel(b), &rounding);
   } else {

@@ -174,6 +174,69 @@ inline RowAllowance dequant_rounding_allowance(const oracle::Input& in) {
   return a;
 }
 
+// ---- The direct route (the few-rows kernel's sparse calls of 16 rows: route.fp8_direct) ----------
+//
+// There the latent values stay e4m3 (widened exactly to fp16), each group's scores are scaled by
+// the keys' scales in fp32, and P enters the group's P V GEMM as fp16(p s_jg 2^-E_g), 2^E_g a
+// power of two at most twice the largest |s_jg| of the consumer's keys so far (few_rows_kernel.cuh,
+// ds_inv_of). From 2^-14 up that is fp16's 2^-11 relative rounding, within the caller's p_rel;
+// below, fp16 is subnormal and rounds by at most 2^-25 absolute in those units, so out_l moves by at
+// most |bmm2| 2^-25 sum_j 2^E_g |e_jl| / Z <= |bmm2| 2^-24 max_j |s_jg| sum_j |e_jl| / Z (g the
+// group of l, e_jl = v_jl / s_jg the e4m3 value, Z = sum_j exp(score_j - max score), to which the
+// sink only adds). out_abs[r] is the largest of those over l. A row with a non-finite score or
+// scale gets none (it is NaN, compared apart). `storage` holds the cache (use_fp8_ds_mla).
+inline RowAllowance direct_p_allowance(const decode_case::Built& b,
+                                       const std::vector<uint8_t>& storage) {
+  const oracle::Input& in = b.in;
+  const int H = in.num_heads, D = in.head_dim();
+  RowAllowance a;
+  a.out_abs.assign(static_cast<size_t>(in.num_tokens()) * H, 0.0);
+  for (int bi = 0; bi < in.batch; ++bi) {
+    for (int i = 0; i < in.q_lens[bi]; ++i) {
+      const int t = in.first_token(bi) + i;
+      const std::vector<int64_t> slots = oracle::attended_slots(in, bi, i);
+      // Per latent column l: max_j |s_jg| sum_j |e_jl| (the head does not enter it).
+      std::vector<double> col(kLatent, 0.0);
+      bool finite = true;
+      for (int g = 0; g < kLatent / kGroup && finite; ++g) {
+        double s_max = 0.0;
+        std::vector<double> e_sum(kGroup, 0.0);
+        for (int64_t slot : slots) {
+          float s;
+          std::memcpy(&s, storage.data() + row_offset(b.c, slot) + kLatent + 4 * g, 4);
+          finite = finite && std::isfinite(s);
+          if (!finite || s == 0.0f) continue;
+          s_max = std::max(s_max, std::fabs(static_cast<double>(s)));
+          for (int k = 0; k < kGroup; ++k) {
+            e_sum[k] += std::fabs(in.kv[static_cast<size_t>(slot) * D + g * kGroup + k] / s);
+          }
+        }
+        for (int k = 0; k < kGroup; ++k) col[g * kGroup + k] = s_max * e_sum[k];
+      }
+      if (!finite) continue;
+      const double col_max = *std::max_element(col.begin(), col.end());
+      for (int h = 0; h < H; ++h) {
+        const double* q = &in.query[(static_cast<size_t>(t) * H + h) * D];
+        std::vector<double> score(slots.size());
+        double m = -std::numeric_limits<double>::infinity();
+        for (size_t j = 0; j < slots.size(); ++j) {
+          const double* k = &in.kv[static_cast<size_t>(slots[j]) * D];
+          double x = 0.0;
+          for (int d = 0; d < D; ++d) x += q[d] * k[d];
+          score[j] = in.bmm1_scale * x;
+          m = std::max(m, score[j]);
+        }
+        if (slots.empty() || !std::isfinite(m)) continue;
+        double z = 0.0;
+        for (double x : score) z += std::exp(x - m);
+        const double e = std::fabs(in.bmm2_scale) * std::ldexp(col_max, -24) / z;
+        if (std::isfinite(e)) a.out_abs[static_cast<size_t>(t) * H + h] = e;
+      }
+    }
+  }
+  return a;
+}
+
 // The oracle's pool with every finite latent value rounded as the gather kernels round it,
 // bf16(fp32(value)) (the decoded value is the exact product e4m3 * scale): the math the kernels
 // do, for a check without the allowance above.

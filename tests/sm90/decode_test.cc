@@ -1905,7 +1905,7 @@ TEST(Sm90DecodeDsMla, DenseAndSparseMatchTheOracle) {
     }
     ASSERT_TRUE(run_on_gpu(call.params));
     call.download(*b);
-    check_sm90_ds_mla(*b, route);
+    check_sm90_ds_mla(*b, route, cache);
   }
 }
 

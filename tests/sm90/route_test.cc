@@ -242,8 +242,11 @@ TEST(Sm90Route, Table) {
        dense(128, 128, 2).sparse(2048).topk_lens(), "seesaw splits=1 tiles=2 sparse ordered"},
       {"sparse, H64 with pages of 1", dense(4, 64, 1).sparse(2048).pages(1),
        "seesaw splits=32 tiles=1 sparse combine"},
-      {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel",
-       dense(64, 16, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=2 rows=16 sparse combine"},
+      {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel, rows read as they land",
+       dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+       "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+      {"sparse, fp8_ds_mla, H32: widened by the producer (32 rows do not fit the direct route)",
+       dense(64, 32, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=2 rows=32 sparse combine"},
       {"sparse, fp8 query and cache, H32 q2: tiles of one token",
        dense(8, 32, 2).sparse(512).dtypes(kFp8, kFp8),
        "few_rows splits=4 rows=32 fp8_direct sparse combine"},
@@ -491,6 +494,20 @@ TEST(Sm90Route, Fp8DirectSwitch) {
         "seesaw splits=8 tiles=2 pair sparse combine"},
        {"fp8_ds_mla: gathered", dense(8, 16, 1).fp8_ds_mla(),
         "few_rows schedule parts=132 rows=16 combine"}});
+}
+
+TEST(Sm90Route, DsDirectSwitch) {
+  Switches sw;
+  sw.ds_direct = false;  // fp8_ds_mla rows at 16 rows: gathered ahead and widened by the producer
+  expect_routes({{"sparse fp8_ds_mla, H16", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+                  "few_rows splits=2 rows=16 sparse combine"},
+                 {"dense fp8_ds_mla, H16: gathered either way", dense(8, 16, 1).fp8_ds_mla(),
+                  "few_rows schedule parts=132 rows=16 combine"}},
+                sw);
+  expect_routes({{"sparse fp8_ds_mla, H16", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+                  "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+                 {"dense fp8_ds_mla, H16: gathered either way", dense(8, 16, 1).fp8_ds_mla(),
+                  "few_rows schedule parts=132 rows=16 combine"}});
 }
 
 TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {

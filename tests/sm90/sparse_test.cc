@@ -125,10 +125,14 @@ void expect_route(const Route& r, const SparseCase& s) {
   if (s.kernel == Kernel::kFewRows) {
     EXPECT_EQ(r.few_rows, s.c.H <= 16 ? 16 : 32);
     // A per-tensor e4m3 cache lands as e4m3 (tma::gather_e4m3_direct) unless
-    // MLA_SM90_FP8_DIRECT=0.
-    const char* direct = std::getenv("MLA_SM90_FP8_DIRECT");
-    const bool widened = direct != nullptr && std::string(direct) == "0";
-    EXPECT_EQ(r.fp8_direct, s.c.kv_dtype == kFp8 && !s.ds_mla && !widened) << "fp8_direct";
+    // MLA_SM90_FP8_DIRECT=0, an fp8_ds_mla cache at 16 rows unless MLA_SM90_DS_DIRECT=0.
+    auto off = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v != nullptr && std::string(v) == "0";
+    };
+    const bool direct = s.ds_mla ? s.c.H <= 16 && !off("MLA_SM90_DS_DIRECT")
+                                 : s.c.kv_dtype == kFp8 && !off("MLA_SM90_FP8_DIRECT");
+    EXPECT_EQ(r.fp8_direct, direct) << "fp8_direct";
   } else if (s.kernel == Kernel::kSeesaw) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);
     // The two tiles of a token over e4m3 rows gather as a pair (docs/sm90-sparse.md, Pairs)
@@ -146,14 +150,14 @@ void expect_route(const Route& r, const SparseCase& s) {
 
 // The comparison with the oracle: the sm90 rounding of P and partials, and for an fp8_ds_mla cache
 // the gather kernels' rounding of its dequantized values (check_sm90_ds_mla).
-void check(const Built& b, bool ds_mla, const Route& route) {
+void check(const Built& b, bool ds_mla, const Route& route, const std::vector<uint8_t>& cache) {
   if (ds_mla) {
-    check_sm90_ds_mla(b, route);
+    check_sm90_ds_mla(b, route, cache);
   } else {
     check_sm90(b);
   }
 }
-void check(const Prepared& p, const Route& route) { check(*p.b, p.ds_mla, route); }
+void check(const Prepared& p, const Route& route) { check(*p.b, p.ds_mla, route, p.cache); }
 
 class Sm90Sparse : public ::testing::TestWithParam<SparseCase> {};
 
@@ -438,10 +442,18 @@ TEST(Sm90SparseDsMla, MatchesTheOracleOverBf16RoundedValues) {
     Prepared p = prepare(s, spread_groups);
     DeviceCall call(*p.b, p.kv_bytes());
     expect_route(route_on_device(call.params), s);
+    const Route route = route_on_device(call.params);
     ASSERT_TRUE(run_on_gpu(call.params));
     call.download(*p.b);
-    p.b->in.kv = ds_mla::gather_rounded_kv(p.b->in);
-    check_sm90(*p.b);
+    if (sm90_ds_direct(route)) {
+      // The direct route computes with the exact values (ds_direct_allowance: the fp16 query's
+      // and P's rounding below their normal ranges).
+      const mla_test::RowAllowance extra = ds_direct_allowance(*p.b, p.cache);
+      check_against_oracle(*p.b, sm90_p_rel(*p.b), &extra);
+    } else {
+      p.b->in.kv = ds_mla::gather_rounded_kv(p.b->in);
+      check_sm90(*p.b);
+    }
   }
 }
 
@@ -498,15 +510,17 @@ TEST_P(Sm90SparseGraph, ReplaysReadNewIndicesLensAndCacheRows) {
   expect_route(route, s);
   CapturedRun graph;
   ASSERT_TRUE(graph.capture(call.params));
+  std::vector<uint8_t> cache = p.cache;  // the replay's fp8_ds_mla bytes (make, then check)
   auto make = [&](int k, std::vector<uint8_t>& kv_bytes) {
     SparseCase next = s;
     next.c = replay_case(s.c, k);
     Prepared q = prepare(next);
+    cache = q.cache;
     kv_bytes = std::move(q.cache);
     return std::move(q.b);
   };
   replay_with_new_inputs(call, graph, *p.b, 3, make,
-                         [&](const Built& b) { check(b, s.ds_mla, route); });
+                         [&](const Built& b) { check(b, s.ds_mla, route, cache); });
 }
 
 // Work split across the SMs (at least two splits per token) on both kernels: top_k 2048 (32 blocks
@@ -594,7 +608,9 @@ int64_t run_with_nan_rows(Prepared& p, const SparseCase& s) {
   EXPECT_TRUE(run_on_gpu(call.params));
   call.download(*p.b);
   if (p.ds_mla && route.kernel != Kernel::kSimt) {
-    const mla_test::RowAllowance rounding = ds_mla::dequant_rounding_allowance(p.b->in);
+    const mla_test::RowAllowance rounding = sm90_ds_direct(route)
+                                                ? ds_direct_allowance(*p.b, p.cache)
+                                                : ds_mla::dequant_rounding_allowance(p.b->in);
     return check_nan_rows_against_oracle(*p.b, sm90_p_rel(*p.b), &rounding);
   }
   if (p.ds_mla) return check_nan_rows_against_oracle(*p.b, mla_test::p_rounding_rel(s.c.out_dtype));

@@ -293,6 +293,12 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     // gather its rows as they are (tma::gather_e4m3_direct; docs/sm90-sparse.md).
     r.fp8_direct =
         sw.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
+    // A sparse call's fp8_ds_mla rows at 16 rows land as they are too: the latent groups' GEMMs
+    // take their scales on the scores and on P (docs/sm90-sparse.md, fp8_ds_mla rows read as they
+    // land); 32 rows do not fit its shared memory.
+    if (f.sparse && p.kv_format == KvFormat::kFp8DsMla && r.few_rows == 16 && sw.ds_direct) {
+      r.fp8_direct = true;
+    }
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;

@@ -65,7 +65,10 @@ struct Route {
   // kFewRows, per-tensor e4m3 cache: the GEMMs read the e4m3 blocks as they land (64-byte-swizzled
   // boxes; sparse calls: rows gathered as they are into the same layout): both on the FP8 tensor
   // cores with an e4m3 query, fp16 GEMMs with the cache widened in registers with a bf16 query
-  // (docs/sm90-fp8.md); false: widened in shared memory.
+  // (docs/sm90-fp8.md); false: widened in shared memory. Sparse, 16 rows, fp8_ds_mla cache: the
+  // rows land as they are too, for the same fp16 GEMMs per latent group with the keys' scales on
+  // the scores and on P (docs/sm90-sparse.md); false: gathered a block ahead and widened by the
+  // producer.
   // kSeesaw, dense, e4m3 query and cache: the FP8 seesaw kernel (seesaw_fp8_kernel.cuh, both
   // GEMMs on the FP8 tensor cores), on the balanced schedule, or on the direct split where each
   // split holds enough blocks; false: the seesaw kernel over the cache widened in shared memory.

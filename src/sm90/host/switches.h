@@ -35,6 +35,10 @@ struct Switches {
   // MLA_SM90_CONSUMER_FENCE=0: the few-rows sparse producer that gathers e4m3 rows a block ahead
   // fences each chunk itself before publishing it, instead of its consumers after their wait.
   bool consumer_fence = true;
+  // MLA_SM90_DS_DIRECT=0: a sparse call of at most 16 heads over an fp8_ds_mla cache gathers its
+  // rows a block ahead and widens them in the producer, instead of landing them as they are for
+  // the GEMMs to read (route.h, Route::fp8_direct).
+  bool ds_direct = true;
   // MLA_SM90_FP8_SEESAW_MIN_BLOCKS=N (N > 0): the fewest blocks per split at which a call of one
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).

@@ -47,6 +47,18 @@ __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b, int consumer = 0)
   return static_cast<uint32_t>(b) + consumer;
 }
 
+// fp8_ds_mla rows as they land (few_rows_kernel's kDsRegs): the power of two 2^(126 - e) for the
+// biased exponent e of x >= 0 (at most 252; NaN as the largest): x times it is below 1 (below 4
+// for x >= 2^126), and it is 2^126 for x = 0. Every value lies in [2^-126, 2^126].
+__device__ __forceinline__ float ds_inv_of(float x) {
+  const uint32_t e = min(__float_as_uint(x) >> 23, 252u);
+  return __uint_as_float((253u - e) << 23);
+}
+// 1 / x for a power of two x in [2^-126, 2^126], exactly.
+__device__ __forceinline__ float ds_pow2_inverse(float x) {
+  return __uint_as_float((254u << 23) - __float_as_uint(x));
+}
+
 // Column slot (query row of the thread, 0 .. kRows / 4) of value v of a 64 x N GMMA accumulator:
 // values come in pairs of adjacent columns, then the row 8 below, then the next 8 columns.
 __device__ __forceinline__ constexpr int col_slot(int v) { return (v & 1) | ((v >> 2) << 1); }
@@ -114,7 +126,7 @@ using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
                   : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
                                                        : tma::Formats<Q, KV>::kCompute,
-                  kRows, kFp8Direct && Q == Elem::kBf16>;
+                  kRows, kFp8Direct && Q == Elem::kBf16, kFp8Direct && KV == Elem::kFp8DsMla>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -256,7 +268,14 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  static_assert(!kFp8Direct || (F::kFp8Cache && KV == Elem::kFp8E4M3), "a per-tensor e4m3 cache");
+  // kDsRegs: a sparse call's fp8_ds_mla rows as they land (tma::gather_e4m3_direct<..., true>):
+  // the kFp8Regs GEMMs over the latent chunks, one partial per latent group scaled by the keys'
+  // group scales, the rope part in bf16, and P scaled per group (docs/sm90-sparse.md, fp8_ds_mla
+  // rows read as they land).
+  constexpr bool kDsRegs = kFp8Direct && KV == Elem::kFp8DsMla;
+  static_assert(!kFp8Direct || (F::kFp8Cache && KV == Elem::kFp8E4M3) ||
+                    (kDsRegs && kSparse && kRowsN == 16 && Q == Elem::kBf16),
+                "a per-tensor e4m3 cache, or a sparse call's fp8_ds_mla rows at 16 rows");
   constexpr bool kFp8Mma = kFp8Direct && F::kFp8Query;
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
   // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
@@ -335,7 +354,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         if constexpr (kAhead) {
           tma::gather_ahead_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0, 0);
         } else if constexpr (kDirectGather) {
-          tma::gather_e4m3_direct<Traits>(p, w, smem, threadIdx.x);
+          tma::gather_e4m3_direct<Traits, kDsRegs>(p, w, smem, threadIdx.x);
         } else {
           tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
         }
@@ -394,8 +413,20 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_B(sQ);  // (MMA, 1, 36) descriptors
-  Tensor sP = make_tensor(make_smem_ptr(smem.p[cw]), typename Traits::SmemLayoutP{});
+  Tensor sP = make_tensor(make_smem_ptr(smem.p[cw][0]), typename Traits::SmemLayoutP{});
   Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 4)
+  // kDsRegs: P^T of latent group g (the B operand of m tiles 2 g and 2 g + 1).
+  auto group_p = [&](int g) {
+    return thr_pv.partition_fragment_B(
+        make_tensor(make_smem_ptr(smem.p[cw][g]), typename Traits::SmemLayoutP{}));
+  };
+  // kDsRegs: S^T's rope part, bf16 from shared memory (the query tile's rope chunk in bf16).
+  typename Traits::TiledMmaRope mma_rope;
+  auto thr_rope = mma_rope.get_thread_slice(wtid);
+  Tensor tSrQr = thr_rope.partition_fragment_B(make_tensor(
+      make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(reinterpret_cast<uint8_t*>(smem.q) +
+                                                         Traits::kL / 64 * kRows * 128)),
+      typename Traits::SmemLayoutRopeQ{}));  // (MMA, 1, 4)
 
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
   // kFp8Mma: each GEMM's partial sums go through fp32 (below, promoted); the V^T fragments.
@@ -484,7 +515,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
-                                kScaledQuery, kFp8Regs>(
+                                kScaledQuery, kFp8Regs, kDsRegs>(
           p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
           [&] {
             sync_local();  // the row pointers, stored by the first warp
@@ -539,6 +570,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       col_max[s] = kNegInf;
       col_sum[s] = 0.0f;
     }
+    // kDsRegs: per latent group, the power of two P is multiplied by (with the keys' scales) before
+    // it is rounded to fp16: below 1 / (the largest |scale| of the consumer's keys so far), so that
+    // P s < 1; O^T's m tiles of the group are in its units (ds_inv_of).
+    float ds_inv[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) ds_inv[g] = ds_inv_of(0.0f);
 
     for (int it = cw; it < num_blocks; it += 2) {
       const int round = it / 2;
@@ -553,6 +590,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           kStages == 2 ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
       const int key0 = (seg.w.block_begin + it) * kKeys;
       T* k_stage = smem.k[stage];
+      // kDsRegs: the group scales of the thread's two keys (tScS rows r and r + 8), and each
+      // group's factor for O^T where its units change (ds_inv).
+      float ds_scale[2][4];
+      float ds_factor[4];
 
       // ---- qk_gemm: S^T = K Q^T over the whole block, each 64-column chunk issued as it lands
       // ----
@@ -594,6 +635,87 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           add(tSrT0);
           warpgroup_wait<0>();
           add(tSrT1);
+        } else if constexpr (kDsRegs) {
+          // The rope part first (bf16 x bf16 from shared memory, into S^T itself): its chunk also
+          // brings the keys' group scales. Then latent group g's two chunks (the K fragments
+          // widened from e4m3 as in kFp8Regs below) into partial T[g % 2] from zero, added to S^T
+          // in fp32 times each key's scale of the group once done (the next group's chunks
+          // already issued): S^T = sum_g s_kg (K_g Q_g^T) + K_rope Q_rope^T, every product exact.
+          mbar_wait(&smem.full[stage][8], phase);
+          {
+            Tensor sKr = make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
+                                         reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
+                                     typename Traits::SmemLayoutRopeK{});
+            Tensor tSrKr = thr_rope.partition_fragment_A(sKr);  // (MMA, 1, 4)
+            warpgroup_fence_operand(tSrS);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              mma_rope.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              cute::gemm(mma_rope, tSrKr(_, _, k), tSrQr(_, _, k), tSrS);
+            }
+            warpgroup_commit_batch();
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float4 f =
+                *reinterpret_cast<const float4*>(&smem.ds_scales[stage][get<0>(tScS(2 * h))][0]);
+            ds_scale[h][0] = f.x;
+            ds_scale[h][1] = f.y;
+            ds_scale[h][2] = f.z;
+            ds_scale[h][3] = f.w;
+          }
+          const uint32_t stage_addr = tma::smem_addr(k_stage);
+          uint32_t raw[8];
+          auto load = [&](int c) {
+            mbar_wait(&smem.full[stage][c], phase);
+            load_e4m3_k_words(stage_addr, c, warp, lane, raw);
+          };
+          auto add_group = [&](int g, auto& t) {
+            warpgroup_fence_operand(t);
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              tSrS(v) = fmaf(ds_scale[(v >> 1) & 1][g], t(v), tSrS(v));
+            }
+          };
+          auto issue = [&](int c, auto& a, auto& t) {
+            if (c >= 2) warpgroup_wait<1>();
+            if (c >= 4 && c % 2 == 0) {
+              // Group c / 2 - 2's chunks (c - 4, c - 3) and the rope part are done.
+              warpgroup_fence_operand(tSrS);
+              add_group(c / 2 - 2, t);
+            }
+            uint32_t words[16];
+            widen_e4m3_k_words(raw, words);
+            Tensor aw = recast<uint32_t>(a);
+            CUTE_UNROLL
+            for (int i = 0; i < 16; ++i) aw(i) = words[i];
+            warpgroup_fence_operand(t);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int u = 0; u < 4; ++u) {
+              mma_qk.accumulate_ =
+                  c % 2 == 0 && u == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), t);
+            }
+            warpgroup_commit_batch();
+            if (c + 1 < Traits::kL / 64) load(c + 1);
+          };
+          static_assert(Traits::kL / 64 == 8, "four groups of two chunks");
+          load(0);
+          issue(0, tSrA0, tSrT0);
+          issue(1, tSrA1, tSrT0);
+          issue(2, tSrA0, tSrT1);
+          issue(3, tSrA1, tSrT1);
+          issue(4, tSrA0, tSrT0);
+          issue(5, tSrA1, tSrT0);
+          issue(6, tSrA0, tSrT1);
+          issue(7, tSrA1, tSrT1);
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tSrS);
+          add_group(2, tSrT0);
+          add_group(3, tSrT1);
+          warpgroup_fence_operand(tSrS);
         } else if constexpr (kFp8Regs) {
           // Chunk c's k steps issued as it lands: its e4m3 words are loaded once chunk c - 1's
           // GEMMs are issued (their latency under the wait that follows), and widened into the
@@ -704,7 +826,39 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 #pragma unroll
         for (int s = 0; s < kCols; ++s) smem.max[cw][par][warp][my_col(s)] = block_max[s];
       }
+      if constexpr (kDsRegs) {
+        // The block's largest |scale| of each group: over the warp's 16 keys, then the 4 warps.
+        float gmax[4];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          gmax[g] = fmaxf(fabsf(ds_scale[0][g]), fabsf(ds_scale[1][g]));
+          gmax[g] = fmaxf(gmax[g], __shfl_xor_sync(0xffffffffu, gmax[g], 4));
+          gmax[g] = fmaxf(gmax[g], __shfl_xor_sync(0xffffffffu, gmax[g], 8));
+          gmax[g] = fmaxf(gmax[g], __shfl_xor_sync(0xffffffffu, gmax[g], 16));
+        }
+        if (lane == 0) {
+          *reinterpret_cast<float4*>(smem.ds_max[cw][par][warp]) =
+              make_float4(gmax[0], gmax[1], gmax[2], gmax[3]);
+        }
+      }
       named_barrier_sync(barrier_id(NamedBarrier::kMaxFirst, cw), 128);
+      if constexpr (kDsRegs) {
+        float gmax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const float4 m = *reinterpret_cast<const float4*>(smem.ds_max[cw][par][x]);
+          gmax[0] = fmaxf(gmax[0], m.x);
+          gmax[1] = fmaxf(gmax[1], m.y);
+          gmax[2] = fmaxf(gmax[2], m.z);
+          gmax[3] = fmaxf(gmax[3], m.w);
+        }
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+          const float inv = fminf(ds_inv[g], ds_inv_of(gmax[g]));
+          ds_factor[g] = inv * ds_pow2_inverse(ds_inv[g]);  // exact: powers of two (or 0)
+          ds_inv[g] = inv;
+        }
+      }
 #pragma unroll
       for (int s = 0; s < kCols; ++s) {
         float m = smem.max[cw][par][0][my_col(s)];
@@ -759,7 +913,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
         // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
         // Precision).
-        uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
+        uint8_t* p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw][0]);
         if constexpr (kFp8Mma) {
           // NOTE: e4m3 P (3 mantissa bits) moves out by up to 2^-4 times sum_j p_j |v_j| / Z, and
           // P below 2^-14 of the max is subnormal, below 2^-18 0 (docs/sm90-fp8.md, Precision).
@@ -771,6 +925,27 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
             const int key = get<0>(tScS(v)), row = get<1>(tScS(v));
             const uint32_t offset = tma::swizzled_offset_e4m3(row, fp8_p_slot(key), kRows);
             *reinterpret_cast<uint16_t*>(p_bytes + offset) = tma::e4m3x2(tSrS(v), tSrS(v | 2));
+          }
+        } else if constexpr (kDsRegs) {
+          // NOTE: P s_kg 2^-E_g (ds_inv) below 1, rounded to fp16: within 2^-11 of itself from
+          // 2^-14 up, within 2^-25 absolute below (subnormal); out moves by at most 2^-11
+          // sum_j p_j |s_j v_j| / Z plus 2^-24 max |s| sum_j |v_j| / Z over the group
+          // (tests/common/fp8_ds_mla.h, the direct route's allowance).
+          float w[2][4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int g = 0; g < 4; ++g) w[h][g] = ds_scale[h][g] * ds_inv[g];
+          }
+#pragma unroll
+          for (int g = 0; g < 4; ++g) {
+            uint8_t* pg = reinterpret_cast<uint8_t*>(smem.p[cw][g]);
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              const uint32_t offset =
+                  tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
+              *reinterpret_cast<T*>(pg + offset) = T(tSrS(v) * w[(v >> 1) & 1][g]);
+            }
           }
         } else {
           CUTE_UNROLL
@@ -845,8 +1020,16 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         const uint32_t stage_addr = tma::smem_addr(k_stage);
         uint32_t raw[8];
         load_e4m3_vt_words(stage_addr, 0, warp, lane, raw);
-        CUTE_UNROLL
-        for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
+        if constexpr (kDsRegs) {
+          // m tile m (values v / (kRows / 2)) belongs to latent group m / 2.
+          CUTE_UNROLL
+          for (int v = 0; v < size(tOrO); ++v) {
+            tOrO(v) *= alpha[col_slot(v % (kRows / 2))] * ds_factor[v / kRows];
+          }
+        } else {
+          CUTE_UNROLL
+          for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= alpha[col_slot(v % (kRows / 2))];
+        }
         warpgroup_fence_operand(tOrO);
         auto issue = [&](int m, auto& a) {
           if (m >= 2) warpgroup_wait<1>();
@@ -859,8 +1042,18 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           CUTE_UNROLL
           for (int i = 0; i < 16; ++i) aw(i) = words[i];
           warpgroup_arrive();
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) cute::gemm(mma_pv, a(_, 0, k), tOrP(_, 0, k), tOrO(_, m, 0));
+          if constexpr (kDsRegs) {
+            auto tOrPg = group_p(m / 2);
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              cute::gemm(mma_pv, a(_, 0, k), tOrPg(_, 0, k), tOrO(_, m, 0));
+            }
+          } else {
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              cute::gemm(mma_pv, a(_, 0, k), tOrP(_, 0, k), tOrO(_, m, 0));
+            }
+          }
           warpgroup_commit_batch();
         };
         static_assert(kL / 64 == 8, "tiles issued in pairs");
@@ -973,8 +1166,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         for (int v = 0; v < size(tOrO); ++v) {
           if (v / (kRows / 2) / kTilesPerPass != pass) continue;  // its m tile
           const int l = kFp8Direct ? fp8_o_row(get<0>(tOcO(v))) : get<0>(tOcO(v));
+          // kDsRegs: O^T's m tiles of group g are in units of 1 / ds_inv[g].
+          const float units = kDsRegs ? ds_pow2_inverse(ds_inv[v / kRows]) : 1.0f;
           own[get<1>(tOcO(v)) * kStride + l - pass * kPassCols] =
-              factor[col_slot(v % (kRows / 2))] * tOrO(v);
+              factor[col_slot(v % (kRows / 2))] * units * tOrO(v);
         }
       }
       if (pass == 0) {
@@ -1090,10 +1285,11 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
                                    bool fp8_direct) {
-  if constexpr (KV == Elem::kFp8E4M3) {
+  if constexpr (KV == Elem::kFp8E4M3 || (KV == Elem::kFp8DsMla && kRows == 16)) {
     if (fp8_direct) return launch_few_rows_sparse_as<Q, KV, kRows, true>(params, stream, pdl);
   }
-  if (fp8_direct) return cudaErrorInvalidValue;  // the route asks it of per-tensor e4m3 caches only
+  // The route asks it of per-tensor e4m3 caches, and of fp8_ds_mla ones at 16 rows.
+  if (fp8_direct) return cudaErrorInvalidValue;
   return launch_few_rows_sparse_as<Q, KV, kRows, false>(params, stream, pdl);
 }
 

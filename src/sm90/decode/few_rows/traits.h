@@ -100,10 +100,14 @@ enum class NamedBarrier : uint32_t {
 };
 
 // E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take
-// from registers (GmmaOpsRegs).
-template <Elem E, int kRowsN, bool kRegsA = false>
+// from registers (GmmaOpsRegs). kDsMla (with kRegsA, 16 rows): the stages hold fp8_ds_mla rows as
+// they land (docs/sm90-sparse.md, fp8_ds_mla rows read as they land): the 8 e4m3 latent chunks,
+// the bf16 rope chunk (128-byte swizzle) and the rows' four group scales; P goes to shared memory
+// once per group, scaled by the keys' group scales.
+template <Elem E, int kRowsN, bool kRegsA = false, bool kDsMla = false>
 struct FewRowsTraits {
   static_assert(!kRegsA || E == Elem::kFp16, "registers widen e4m3 to fp16");
+  static_assert(!kDsMla || (kRegsA && kRowsN == 16), "fp8_ds_mla as it lands: 16 rows");
   using Ops = std::conditional_t<kRegsA, GmmaOpsRegs<kRowsN>, GmmaOps<E, kRowsN>>;
   using T = typename Ops::Type;
   // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
@@ -162,16 +166,32 @@ struct FewRowsTraits {
   static constexpr int kMergePasses = kStages == 4 && kRows == 32 ? 2 : 1;
   static constexpr int kMergeCols = kL / kMergePasses;
   static constexpr int kMergeStride = kMergeCols + 4;
+  // kDsMla: the rope chunk (bf16, 8 KB) after the 8 e4m3 latent chunks.
+  static constexpr int kRopeOffset = kKeys * kL;  // bytes
+  static constexpr int kBlockBytes =
+      kDsMla ? kRopeOffset + kKeys * 64 * 2 : kKeys * kD * kStageElemBytes;
   static constexpr int kStageBytes =
-      (cute::max(kKeys * kD * kStageElemBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
+      (cute::max(kBlockBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
+  // kDsMla: P^T once per latent group (B operands of the group's two m tiles).
+  static constexpr int kPTiles = kDsMla ? 4 : 1;
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
+  // kDsMla: S^T's rope part, bf16 x bf16 from shared memory (the rope chunk, and the query tile's
+  // rope chunk stored in bf16: tma::load_query_tile_rows, kRopeBf16).
+  using TiledMmaRope =
+      decltype(cute::make_tiled_mma(typename GmmaOps<Elem::kBf16, kRowsN>::QkAtom{}));
+  using SmemLayoutRopeK = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
+      cute::Shape<cute::Int<kKeys>, cute::Int<64>>{}));
+  using SmemLayoutRopeQ = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
+      cute::Shape<cute::Int<kRows>, cute::Int<64>>{}));
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];  // query tile, SmemLayoutQ (padding rows 0)
     alignas(1024) T k[kStages][kStageBytes / sizeof(T)];  // K blocks, SmemLayoutK
-    alignas(1024) T p[2][kRows * kKeys];                  // [consumer] P of its block, SmemLayoutP
+    alignas(1024) T p[2][kPTiles][kRows * kKeys];  // [consumer][group] P of its block, SmemLayoutP
     float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
     float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
     float final_max[2][kRows];      // [consumer] running max at the end
@@ -187,6 +207,10 @@ struct FewRowsTraits {
     // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];
     float scales[kStages][4][2][kKeys];
+    // kDsMla: the block's four group scales of each key as they land, and each consumer warp's
+    // largest of the block's keys, [consumer][block parity][warp][group].
+    alignas(16) float ds_scales[kDsMla ? kStages : 1][kKeys][4];
+    alignas(16) float ds_max[2][2][4][4];
     uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
     // Chunks 0..3 / 4..8 consumed: one arrive per consumer warp (an e4m3 cache read as it lands:

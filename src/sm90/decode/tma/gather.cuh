@@ -382,7 +382,10 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // w.extent and entries of -1 land as zeros; the block's entries land in slot[stage].
 // Block `it` goes to stage it % kStages (the consumers' order: few_rows_kernel.cuh), phase
 // (it / kStages) % 2: one segment per CTA (the sparse grid), so nothing carries over.
-template <typename Traits>
+// kDsMla: fp8_ds_mla rows; chunk 8 is the bf16 rope (128 bytes a row, the 128-byte swizzle, at
+// Traits::kRopeOffset: thread t copies its two rows' pieces t % 4 and t % 4 + 4) and the rows'
+// four group scales (threads t % 4 == 0, into ds_scales[stage][row]), under chunk 8's barrier.
+template <typename Traits, bool kDsMla = false>
 __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, const TileWork& w,
                                                    typename Traits::SharedMemoryPlan& smem,
                                                    int tid) {
@@ -444,7 +447,25 @@ __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, 
     }
 #pragma unroll
     for (int c = Traits::kLeftChunks; c < 8; ++c) copy_chunk(c, 64 * c, dims.upper);
-    copy_chunk(8, dims.rope_col, dims.rope);
+    if constexpr (kDsMla) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = r0 + 32 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int v = u + 4 * h;  // 16-byte unit of the row's 128 rope bytes
+          cp_async_16(bytes + Traits::kRopeOffset + r * 128 + ((v ^ (r & 7)) << 4),
+                      row[j] + (n[j] != 0 ? kDsMlaRopeOffset + 16 * v : 0), n[j]);
+        }
+        if (u == 0) {
+          cp_async_16(&smem.ds_scales[stage][r][0], row[j] + (n[j] != 0 ? kDsMlaScaleOffset : 0),
+                      n[j]);
+        }
+      }
+      cp_async_mbar_arrive(&smem.full[stage][8]);
+    } else {
+      copy_chunk(8, dims.rope_col, dims.rope);
+    }
   }
 }
 

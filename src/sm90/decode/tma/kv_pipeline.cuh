@@ -362,9 +362,13 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
 // largest |value| bits; `sync` runs once more, between the maxima and the stores. kPermute16 (with
 // kScaledHalf): the columns in the k-slot order of the few-rows kernel's K fragments from
 // registers (few_rows_kernel.cuh, load_e4m3_k_words): in each group of 16 columns the 4-byte
-// words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit).
+// words 0, 2, 4, 6 first, then 1, 3, 5, 7 (two vectors per load unit). kRopeBf16 (with
+// kPermute16): the rope chunk (columns 512..575) in bf16 instead, scaled by the same 2^s and in
+// column order (the S GEMM's rope part runs in bf16 from shared memory: the few-rows kernel over
+// fp8_ds_mla rows as they land); exact unless a scaled value falls below 2^-126.
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
-          bool kScaledHalf = false, bool kPermute16 = false, typename Sync, typename InFlight>
+          bool kScaledHalf = false, bool kPermute16 = false, bool kRopeBf16 = false,
+          typename Sync, typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
@@ -374,6 +378,7 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
   static_assert(!(kE4m3Tile && !std::is_void_v<Widen>), "an e4m3 tile is not widened");
   static_assert(!kScaledHalf || (!kE4m3Tile && std::is_void_v<Widen>), "a 16-bit query");
   static_assert(!kPermute16 || kScaledHalf, "the permuted tile is the scaled one");
+  static_assert(!kRopeBf16 || kPermute16, "a bf16 rope chunk beside the permuted fp16 tile");
   constexpr bool kFp8 = !std::is_void_v<Widen>;
   constexpr int kElemBytes = kFp8 || kE4m3Tile ? 1 : 2;
   if (tid < kRows) {
@@ -463,18 +468,25 @@ __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p
         float lo, hi, unscale;
         scale_of(row_max[r], lo, hi, unscale);
         const uint32_t* x = reinterpret_cast<const uint32_t*>(&value[k][0]);
-        uint32_t h[8];  // fp16 pairs of the scaled values
+        uint32_t h[8];  // fp16 pairs of the scaled values (kRopeBf16, rope units: bf16 pairs)
+        const bool rope_bf16 = kRopeBf16 && g >= 512 / 16;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float a = __uint_as_float(x[i] << 16) * lo * hi;
           const float b = __uint_as_float(x[i] & 0xffff0000u) * lo * hi;
-          const __half2 v = __floats2half2_rn(a, b);
-          h[i] = *reinterpret_cast<const uint32_t*>(&v);
+          if (rope_bf16) {
+            const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+            h[i] = *reinterpret_cast<const uint32_t*>(&v);
+          } else {
+            const __half2 v = __floats2half2_rn(a, b);
+            h[i] = *reinterpret_cast<const uint32_t*>(&v);
+          }
         }
+        const bool permute = kPermute16 && !rope_bf16;
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g, kRows)) =
-            kPermute16 ? make_uint4(h[0], h[2], h[4], h[6]) : make_uint4(h[0], h[1], h[2], h[3]);
+            permute ? make_uint4(h[0], h[2], h[4], h[6]) : make_uint4(h[0], h[1], h[2], h[3]);
         *reinterpret_cast<uint4*>(dst + swizzled_offset(r, 16 * g + 8, kRows)) =
-            kPermute16 ? make_uint4(h[1], h[3], h[5], h[7]) : make_uint4(h[4], h[5], h[6], h[7]);
+            permute ? make_uint4(h[1], h[3], h[5], h[7]) : make_uint4(h[4], h[5], h[6], h[7]);
       }
     }
     return;
