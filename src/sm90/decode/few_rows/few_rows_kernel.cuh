@@ -636,35 +636,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_wait<0>();
           add(tSrT1);
         } else if constexpr (kDsRegs) {
-          // The rope part first (bf16 x bf16 from shared memory, into S^T itself): its chunk also
-          // brings the keys' group scales. Then latent group g's two chunks (the K fragments
-          // widened from e4m3 as in kFp8Regs below) into partial T[g % 2] from zero, added to S^T
-          // in fp32 times each key's scale of the group once done (the next group's chunks
-          // already issued): S^T = sum_g s_kg (K_g Q_g^T) + K_rope Q_rope^T, every product exact.
-          mbar_wait(&smem.full[stage][8], phase);
-          {
-            Tensor sKr = make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
-                                         reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
-                                     typename Traits::SmemLayoutRopeK{});
-            Tensor tSrKr = thr_rope.partition_fragment_A(sKr);  // (MMA, 1, 4)
-            warpgroup_fence_operand(tSrS);
-            warpgroup_arrive();
-            CUTE_UNROLL
-            for (int k = 0; k < 4; ++k) {
-              mma_rope.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-              cute::gemm(mma_rope, tSrKr(_, _, k), tSrQr(_, _, k), tSrS);
-            }
-            warpgroup_commit_batch();
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float4 f =
-                *reinterpret_cast<const float4*>(&smem.ds_scales[stage][get<0>(tScS(2 * h))][0]);
-            ds_scale[h][0] = f.x;
-            ds_scale[h][1] = f.y;
-            ds_scale[h][2] = f.z;
-            ds_scale[h][3] = f.w;
-          }
+          // Latent group g's two chunks (the K fragments widened from e4m3 as in kFp8Regs below)
+          // into partial T[g % 2] from zero, added to S^T in fp32 times each key's scale of the
+          // group once done (the next group's chunks already issued), then the rope part (bf16 x
+          // bf16 from shared memory) into T[0] from zero, added as it is: S^T = sum_g s_kg (K_g
+          // Q_g^T) + K_rope Q_rope^T, every product exact. Chunk 8 (the rope and the keys' scales)
+          // lands before chunk 4 (tma::gather_e4m3_direct), where the first sum is added.
           const uint32_t stage_addr = tma::smem_addr(k_stage);
           uint32_t raw[8];
           auto load = [&](int c) {
@@ -675,13 +652,26 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
             warpgroup_fence_operand(t);
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) {
-              tSrS(v) = fmaf(ds_scale[(v >> 1) & 1][g], t(v), tSrS(v));
+              tSrS(v) = g == 0 ? ds_scale[(v >> 1) & 1][g] * t(v)
+                               : fmaf(ds_scale[(v >> 1) & 1][g], t(v), tSrS(v));
             }
           };
           auto issue = [&](int c, auto& a, auto& t) {
             if (c >= 2) warpgroup_wait<1>();
+            if (c == 4) {
+              mbar_wait(&smem.full[stage][8], phase);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const float4 f = *reinterpret_cast<const float4*>(
+                    &smem.ds_scales[stage][get<0>(tScS(2 * h))][0]);
+                ds_scale[h][0] = f.x;
+                ds_scale[h][1] = f.y;
+                ds_scale[h][2] = f.z;
+                ds_scale[h][3] = f.w;
+              }
+            }
             if (c >= 4 && c % 2 == 0) {
-              // Group c / 2 - 2's chunks (c - 4, c - 3) and the rope part are done.
+              // Group c / 2 - 2's chunks (c - 4, c - 3) are done.
               warpgroup_fence_operand(tSrS);
               add_group(c / 2 - 2, t);
             }
@@ -711,10 +701,28 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           issue(5, tSrA1, tSrT0);
           issue(6, tSrA0, tSrT1);
           issue(7, tSrA1, tSrT1);
-          warpgroup_wait<0>();
+          warpgroup_wait<1>();  // chunks 4 and 5 done
           warpgroup_fence_operand(tSrS);
           add_group(2, tSrT0);
+          {
+            Tensor sKr = make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
+                                         reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
+                                     typename Traits::SmemLayoutRopeK{});
+            Tensor tSrKr = thr_rope.partition_fragment_A(sKr);  // (MMA, 1, 4)
+            warpgroup_fence_operand(tSrT0);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              mma_rope.accumulate_ = k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+              cute::gemm(mma_rope, tSrKr(_, _, k), tSrQr(_, _, k), tSrT0);
+            }
+            warpgroup_commit_batch();
+          }
+          warpgroup_wait<0>();
           add_group(3, tSrT1);
+          warpgroup_fence_operand(tSrT0);
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); ++v) tSrS(v) += tSrT0(v);
           warpgroup_fence_operand(tSrS);
         } else if constexpr (kFp8Regs) {
           // Chunk c's k steps issued as it lands: its e4m3 words are loaded once chunk c - 1's

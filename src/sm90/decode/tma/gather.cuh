@@ -384,7 +384,8 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // (it / kStages) % 2: one segment per CTA (the sparse grid), so nothing carries over.
 // kDsMla: fp8_ds_mla rows; chunk 8 is the bf16 rope (128 bytes a row, the 128-byte swizzle, at
 // Traits::kRopeOffset: thread t copies its two rows' pieces t % 4 and t % 4 + 4) and the rows'
-// four group scales (threads t % 4 == 0, into ds_scales[stage][row]), under chunk 8's barrier.
+// four group scales (threads t % 4 == 0, into ds_scales[stage][row]), under chunk 8's barrier,
+// issued before chunks 4..7.
 template <typename Traits, bool kDsMla = false>
 __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, const TileWork& w,
                                                    typename Traits::SharedMemoryPlan& smem,
@@ -445,9 +446,9 @@ __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, 
                    key < w.extent ? 4u : 0u);
       }
     }
-#pragma unroll
-    for (int c = Traits::kLeftChunks; c < 8; ++c) copy_chunk(c, 64 * c, dims.upper);
     if constexpr (kDsMla) {
+      // Chunk 8 first: the consumers need the scales from the first group's sums on (before
+      // chunk 4).
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int r = r0 + 32 * j;
@@ -463,9 +464,10 @@ __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, 
         }
       }
       cp_async_mbar_arrive(&smem.full[stage][8]);
-    } else {
-      copy_chunk(8, dims.rope_col, dims.rope);
     }
+#pragma unroll
+    for (int c = Traits::kLeftChunks; c < 8; ++c) copy_chunk(c, 64 * c, dims.upper);
+    if constexpr (!kDsMla) copy_chunk(8, dims.rope_col, dims.rope);
   }
 }
 
