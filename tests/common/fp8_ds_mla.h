@@ -174,14 +174,15 @@ inline RowAllowance dequant_rounding_allowance(const oracle::Input& in) {
   return a;
 }
 
-// ---- The direct route (the few-rows kernel's sparse calls of 16 rows: route.fp8_direct) ----------
+// ---- The direct route (the few-rows kernel's sparse calls of 16 rows: route.fp8_direct)
+// ----------
 //
 // There the latent values stay e4m3 (widened exactly to fp16), each group's scores are scaled by
 // the keys' scales in fp32, and P enters the group's P V GEMM as fp16(p s_jg 2^-E_g), 2^E_g a
 // power of two at most twice the largest |s_jg| of the consumer's keys so far (few_rows_kernel.cuh,
 // ds_inv_of). From 2^-14 up that is fp16's 2^-11 relative rounding, within the caller's p_rel;
-// below, fp16 is subnormal and rounds by at most 2^-25 absolute in those units, so out_l moves by at
-// most |bmm2| 2^-25 sum_j 2^E_g |e_jl| / Z <= |bmm2| 2^-24 max_j |s_jg| sum_j |e_jl| / Z (g the
+// below, fp16 is subnormal and rounds by at most 2^-25 absolute in those units, so out_l moves by
+// at most |bmm2| 2^-25 sum_j 2^E_g |e_jl| / Z <= |bmm2| 2^-24 max_j |s_jg| sum_j |e_jl| / Z (g the
 // group of l, e_jl = v_jl / s_jg the e4m3 value, Z = sum_j exp(score_j - max score), to which the
 // sink only adds). out_abs[r] is the largest of those over l. A row with a non-finite score or
 // scale gets none (it is NaN, compared apart). `storage` holds the cache (use_fp8_ds_mla).

@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   auto thr_rope = mma_rope.get_thread_slice(wtid);
   Tensor tSrQr = thr_rope.partition_fragment_B(make_tensor(
       make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(reinterpret_cast<uint8_t*>(smem.q) +
-                                                         Traits::kL / 64 * kRows * 128)),
+                                                        Traits::kL / 64 * kRows * 128)),
       typename Traits::SmemLayoutRopeQ{}));  // (MMA, 1, 4)
 
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
@@ -705,9 +705,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_fence_operand(tSrS);
           add_group(2, tSrT0);
           {
-            Tensor sKr = make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
-                                         reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
-                                     typename Traits::SmemLayoutRopeK{});
+            Tensor sKr =
+                make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
+                                reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
+                            typename Traits::SmemLayoutRopeK{});
             Tensor tSrKr = thr_rope.partition_fragment_A(sKr);  // (MMA, 1, 4)
             warpgroup_fence_operand(tSrT0);
             warpgroup_arrive();
@@ -950,8 +951,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
             uint8_t* pg = reinterpret_cast<uint8_t*>(smem.p[cw][g]);
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) {
-              const uint32_t offset =
-                  tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
+              const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
               *reinterpret_cast<T*>(pg + offset) = T(tSrS(v) * w[(v >> 1) & 1][g]);
             }
           }

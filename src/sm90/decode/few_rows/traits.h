@@ -181,12 +181,12 @@ struct FewRowsTraits {
   // rope chunk stored in bf16: tma::load_query_tile_rows, kRopeBf16).
   using TiledMmaRope =
       decltype(cute::make_tiled_mma(typename GmmaOps<Elem::kBf16, kRowsN>::QkAtom{}));
-  using SmemLayoutRopeK = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
-      cute::Shape<cute::Int<kKeys>, cute::Int<64>>{}));
-  using SmemLayoutRopeQ = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
-      cute::Shape<cute::Int<kRows>, cute::Int<64>>{}));
+  using SmemLayoutRopeK =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
+                                   cute::Shape<cute::Int<kKeys>, cute::Int<64>>{}));
+  using SmemLayoutRopeQ =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
+                                   cute::Shape<cute::Int<kRows>, cute::Int<64>>{}));
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];  // query tile, SmemLayoutQ (padding rows 0)

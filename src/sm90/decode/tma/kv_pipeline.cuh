@@ -367,8 +367,8 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
 // column order (the S GEMM's rope part runs in bf16 from shared memory: the few-rows kernel over
 // fp8_ds_mla rows as they land); exact unless a scaled value falls below 2^-126.
 template <int kRows, int kThreads, typename Widen = void, bool kE4m3Tile = false,
-          bool kScaledHalf = false, bool kPermute16 = false, bool kRopeBf16 = false,
-          typename Sync, typename InFlight>
+          bool kScaledHalf = false, bool kPermute16 = false, bool kRopeBf16 = false, typename Sync,
+          typename InFlight>
 __device__ __forceinline__ void load_query_tile_rows(const DecodeKernelParams& p, const TileWork& w,
                                                      int tile_rows, uint8_t* dst,
                                                      const uint4** row_ptr, int tid, Sync sync,
