@@ -420,14 +420,6 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     return thr_pv.partition_fragment_B(
         make_tensor(make_smem_ptr(smem.p[cw][g]), typename Traits::SmemLayoutP{}));
   };
-  // kDsRegs: S^T's rope part, bf16 from shared memory (the query tile's rope chunk in bf16).
-  typename Traits::TiledMmaRope mma_rope;
-  auto thr_rope = mma_rope.get_thread_slice(wtid);
-  Tensor tSrQr = thr_rope.partition_fragment_B(make_tensor(
-      make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(reinterpret_cast<uint8_t*>(smem.q) +
-                                                        Traits::kL / 64 * kRows * 128)),
-      typename Traits::SmemLayoutRopeQ{}));  // (MMA, 1, 4)
-
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
   // kFp8Mma: each GEMM's partial sums go through fp32 (below, promoted); the V^T fragments.
   Tensor tSrT0 = partition_fragment_C(mma_qk, Shape<Int<kKeys>, Int<kRows>>{});
@@ -600,6 +592,31 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       {
         Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_A(sK);
+        // kFp8Regs, kDsRegs: chunk c's e4m3 words are loaded once it lands (`load`), then widened
+        // into the A registers `a` and issued as the chunk's four k steps into `acc` (from zero
+        // where `zero`), and chunk c + 1's words loaded behind them (below `chunks`).
+        const uint32_t stage_addr = tma::smem_addr(k_stage);
+        uint32_t raw[8];
+        auto load = [&](int c) {
+          mbar_wait(&smem.full[stage][c], phase);
+          load_e4m3_k_words(stage_addr, c, warp, lane, raw);
+        };
+        auto issue_widened = [&](int c, auto& a, auto& acc, bool zero, int chunks) {
+          uint32_t words[16];
+          widen_e4m3_k_words(raw, words);
+          Tensor aw = recast<uint32_t>(a);
+          CUTE_UNROLL
+          for (int i = 0; i < 16; ++i) aw(i) = words[i];
+          warpgroup_fence_operand(acc);
+          warpgroup_arrive();
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            mma_qk.accumulate_ = zero && u == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+            cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), acc);
+          }
+          warpgroup_commit_batch();
+          if (c + 1 < chunks) load(c + 1);
+        };
         if constexpr (kFp8Mma) {
           // NOTE: the FP8 tensor cores keep ~13 bits of the sum they accumulate into; the block's
           // score sums are taken in three partials of three chunks (six k steps, 192 products)
@@ -636,18 +653,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_wait<0>();
           add(tSrT1);
         } else if constexpr (kDsRegs) {
-          // Latent group g's two chunks (the K fragments widened from e4m3 as in kFp8Regs below)
+          // Latent group g's two chunks (widened and issued by issue_widened, as in kFp8Regs below)
           // into partial T[g % 2] from zero, added to S^T in fp32 times each key's scale of the
           // group once done (the next group's chunks already issued), then the rope part (bf16 x
           // bf16 from shared memory) into T[0] from zero, added as it is: S^T = sum_g s_kg (K_g
           // Q_g^T) + K_rope Q_rope^T, every product exact. Chunk 8 (the rope and the keys' scales)
           // lands before chunk 4 (tma::gather_e4m3_direct), where the first sum is added.
-          const uint32_t stage_addr = tma::smem_addr(k_stage);
-          uint32_t raw[8];
-          auto load = [&](int c) {
-            mbar_wait(&smem.full[stage][c], phase);
-            load_e4m3_k_words(stage_addr, c, warp, lane, raw);
-          };
           auto add_group = [&](int g, auto& t) {
             warpgroup_fence_operand(t);
             CUTE_UNROLL
@@ -675,21 +686,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
               warpgroup_fence_operand(tSrS);
               add_group(c / 2 - 2, t);
             }
-            uint32_t words[16];
-            widen_e4m3_k_words(raw, words);
-            Tensor aw = recast<uint32_t>(a);
-            CUTE_UNROLL
-            for (int i = 0; i < 16; ++i) aw(i) = words[i];
-            warpgroup_fence_operand(t);
-            warpgroup_arrive();
-            CUTE_UNROLL
-            for (int u = 0; u < 4; ++u) {
-              mma_qk.accumulate_ =
-                  c % 2 == 0 && u == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-              cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), t);
-            }
-            warpgroup_commit_batch();
-            if (c + 1 < Traits::kL / 64) load(c + 1);
+            issue_widened(c, a, t, c % 2 == 0, Traits::kL / 64);
           };
           static_assert(Traits::kL / 64 == 8, "four groups of two chunks");
           load(0);
@@ -705,6 +702,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_fence_operand(tSrS);
           add_group(2, tSrT0);
           {
+            // The rope part: bf16 from shared memory, the query tile's rope chunk stored in bf16.
+            typename Traits::TiledMmaRope mma_rope;
+            auto thr_rope = mma_rope.get_thread_slice(wtid);
+            Tensor tSrQr = thr_rope.partition_fragment_B(make_tensor(
+                make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
+                    reinterpret_cast<uint8_t*>(smem.q) + Traits::kL / 64 * kRows * 128)),
+                typename Traits::SmemLayoutRopeQ{}));  // (MMA, 1, 4)
             Tensor sKr =
                 make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
                                 reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
@@ -730,28 +734,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // GEMMs are issued (their latency under the wait that follows), and widened into the
           // registers of A buffer c % 2 once chunk c - 2's GEMMs (the buffer's previous reader)
           // are done.
-          const uint32_t stage_addr = tma::smem_addr(k_stage);
-          uint32_t raw[8];
-          auto load = [&](int c) {
-            mbar_wait(&smem.full[stage][c], phase);
-            load_e4m3_k_words(stage_addr, c, warp, lane, raw);
-          };
           auto issue = [&](int c, auto& a) {
             if (c >= 2) warpgroup_wait<1>();
-            uint32_t words[16];
-            widen_e4m3_k_words(raw, words);
-            Tensor aw = recast<uint32_t>(a);
-            CUTE_UNROLL
-            for (int i = 0; i < 16; ++i) aw(i) = words[i];
-            warpgroup_fence_operand(tSrS);
-            warpgroup_arrive();
-            CUTE_UNROLL
-            for (int u = 0; u < 4; ++u) {
-              mma_qk.accumulate_ = c == 0 && u == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-              cute::gemm(mma_qk, a(_, _, u), tSrQ(_, _, 4 * c + u), tSrS);
-            }
-            warpgroup_commit_batch();
-            if (c + 1 < Traits::kChunks) load(c + 1);
+            issue_widened(c, a, tSrS, c == 0, Traits::kChunks);
           };
           static_assert(Traits::kChunks == 9, "chunks issued in pairs after the first");
           load(0);
