@@ -301,11 +301,11 @@ std::vector<SparseCase> format_cases() {
   return cases;
 }
 
-// Per-tensor e4m3 and fp8_ds_mla caches on the few-rows kernel, read as they land (route.fp8_direct:
-// the rows gathered as e4m3, tma::gather_e4m3_direct; both query types, the error models of
-// tests/common/fp8_mma.h and fp8_ds_mla.h): 16 and 32 padded rows, one to three query tokens, partial blocks,
-// sequences shorter than q_len's causal bound leaves room for, pages 1 to 256, lens per token or
-// per request, sinks and scale tensors.
+// Per-tensor e4m3 and fp8_ds_mla caches on the few-rows kernel, read as they land
+// (route.fp8_direct: the rows gathered as e4m3, tma::gather_e4m3_direct; both query types, the
+// error models of tests/common/fp8_mma.h and fp8_ds_mla.h): 16 and 32 padded rows, one to three
+// query tokens, partial blocks, sequences shorter than q_len's causal bound leaves room for, pages
+// 1 to 256, lens per token or per request, sinks and scale tensors.
 std::vector<SparseCase> direct_cases() {
   std::vector<SparseCase> cases;
   const int page_sizes[] = {16, 64, 1, 256};
