@@ -927,23 +927,28 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
     warpgroup_fence_operand(tOrO);
 
-// ---- row sums over both consumers ----
-// A non-finite O value comes from a non-finite attended key or value (here: an inf value whose
-// score came out -inf has P = 0 and leaves NaN in its column only, and an inf value with P > 0
-// an inf): its row turns NaN, out and lse (contract section 1), through its sum. Values of keys
-// a row does not attend never reach O as non-finite (past the extent: zeroed V rows; draft keys
-// attended unequally: kClean).
-// NOTE: once per segment, not per block: the hot loop is unchanged. Measured (H200, A/B in
-// one run): +0.1 to +0.35% at B128 H128/H16, +0.8 us at B1 H128 s8192 (21.5 -> 22.3 us: the
-// 128 tests are one dependent chain at the direct split's short tail).
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      bool finite = true;
+    // ---- row sums over both consumers ----
+    // A non-finite O value comes from a non-finite attended key or value (here: an inf value whose
+    // score came out -inf has P = 0 and leaves NaN in its column only, and an inf value with P > 0
+    // an inf): its row turns NaN, out and lse (contract section 1), through its sum. Values of keys
+    // a row does not attend never reach O as non-finite (past the extent: zeroed V rows; draft keys
+    // attended unequally: kClean).
+    // x * 0 is 0 for a finite x and NaN otherwise, so each slot's sum of them is 0, or NaN where
+    // its row holds a non-finite value, and adding it to the row's sum carries the NaN. NOTE: four
+    // independent FFMA chains a slot. The test written as `finite && isfinite(x)` compiled to a
+    // compare and a branch per value, ~1 us a segment on the consumers' path (docs/perf-notes.md,
+    // "Where a segment boundary's time goes").
+    {
+      float nonfinite[2][4] = {};
       CUTE_UNROLL
       for (int v = 0; v < size(tOrO); ++v) {
-        if (((v >> 1) & 1) == s) finite = finite && isfinite(tOrO(v));
+        float& acc = nonfinite[(v >> 1) & 1][(v >> 2) & 3];
+        acc = fmaf(tOrO(v), 0.0f, acc);
       }
-      if (!finite) row_sum[s] = __int_as_float(0x7fffffff);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        row_sum[s] += (nonfinite[s][0] + nonfinite[s][1]) + (nonfinite[s][2] + nonfinite[s][3]);
+      }
     }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
