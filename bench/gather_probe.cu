@@ -1,10 +1,11 @@
 // mla-gather-probe: how fast rows of a sparse call's gather land in shared memory, by the two ways
 // a CTA can issue them, with no compute behind them (docs/perf-notes.md, "The gather's issue,
 // probed"). One CTA of 128 threads per SM, 128 CTAs; each takes blocks of 64 rows of 656 bytes
-// (an fp8_ds_mla row) by random index into a ring of 2, 4 or 5 stages:
-//   cp.async 16 B: every thread issues 16-byte cp.async pieces (as the few-rows gathers do);
+// (fp8_ds_mla), 576 (per-tensor e4m3) or 1152 (16-bit) by random index into a ring of 2 to 4
+// stages:
+//   cp.async 16 B: every thread issues 16-byte cp.async pieces (as the sparse gathers do);
 //   bulk per row:  lanes 0..63 issue one cp.async.bulk of a whole row each on the stage's mbarrier.
-// Rows come from all 2^20 rows of a 656 MiB buffer, or with WINDOW=1 from each CTA's own 8192 (a
+// Rows come from all 2^20 rows of a buffer, or with WINDOW=1 from each CTA's own 8192 (a
 // request's cache, as a top-k draws them). Events around one launch after a 256 MiB write that
 // flushes L2, median of 20; TB/s counts the gathered bytes. A measurement tool, not a test.
 #include <cuda_runtime.h>
@@ -15,7 +16,7 @@
 #include <random>
 #include <vector>
 
-constexpr int kRows = 64, kRowBytes = 656, kBlockBytes = kRows * kRowBytes;  // 41,984
+constexpr int kRows = 64;
 constexpr int kThreads = 128;
 constexpr int kMaxBlocks = 64;  // blocks a CTA at most (its indices' stride)
 
@@ -23,10 +24,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <int kMode, int kStages>
+template <int kMode, int kStages, int kRowBytes>
 __global__ void __launch_bounds__(kThreads, 1)
     gather(const uint8_t* __restrict__ src, const int* __restrict__ idx, int blocks, int stride,
            int* sink) {
+  constexpr int kBlockBytes = kRows * kRowBytes;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t bar[kStages];
   const int* my = idx + static_cast<size_t>(blockIdx.x) * stride * kRows;  // this CTA's rows
@@ -97,12 +99,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (acc == 0x7fffffff) sink[0] = acc;
 }
 
-template <int kMode, int kStages>
+template <int kMode, int kStages, int kRowBytes>
 float run(const uint8_t* src, const int* idx, int blocks, int ctas, int* sink, void* flush,
           size_t flush_bytes) {
-  const size_t smem = static_cast<size_t>(kStages) * kBlockBytes;
-  cudaFuncSetAttribute(gather<kMode, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(smem));
+  const size_t smem = static_cast<size_t>(kStages) * kRows * kRowBytes;
+  cudaFuncSetAttribute(gather<kMode, kStages, kRowBytes>,
+                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
@@ -110,7 +112,7 @@ float run(const uint8_t* src, const int* idx, int blocks, int ctas, int* sink, v
   for (int i = 0; i < 22; ++i) {
     cudaMemsetAsync(flush, i & 0xff, flush_bytes);
     cudaEventRecord(a);
-    gather<kMode, kStages><<<ctas, kThreads, smem>>>(src, idx, blocks, kMaxBlocks, sink);
+    gather<kMode, kStages, kRowBytes><<<ctas, kThreads, smem>>>(src, idx, blocks, kMaxBlocks, sink);
     cudaEventRecord(b);
     cudaEventSynchronize(b);
     float ms = 0;
@@ -122,11 +124,38 @@ float run(const uint8_t* src, const int* idx, int blocks, int ctas, int* sink, v
   return t[t.size() / 2];
 }
 
+// The table of one row size: S 2 and 4 (3 for rows that do not fit four stages) for each issue.
+template <int kRowBytes>
+void table(const uint8_t* src, const int* idx, int* sink, void* flush, size_t flush_bytes) {
+  constexpr int kBlockBytes = kRows * kRowBytes;
+  constexpr int kDeep = 4 * kBlockBytes <= 220 * 1024 ? 4 : 3;
+  std::printf("\nrows of %d B, %d a block (%d B)\n", kRowBytes, kRows, kBlockBytes);
+  std::printf(
+      "| issue | stages | CTAs | blocks a CTA | us | TB/s |\n| --- | --- | --- | --- | --- | --- "
+      "|\n");
+  const int ctas = 128;
+  for (int blocks : {4, 16, 32, 64}) {
+    const double bytes = static_cast<double>(ctas) * blocks * kBlockBytes;
+    auto line = [&](const char* m, int st, float us) {
+      std::printf("| %s | %d | %d | %d | %.1f | %.2f |\n", m, st, ctas, blocks, us,
+                  bytes / us / 1e6);
+    };
+    line("cp.async 16 B", 2,
+         run<0, 2, kRowBytes>(src, idx, blocks, ctas, sink, flush, flush_bytes));
+    line("cp.async 16 B", kDeep,
+         run<0, kDeep, kRowBytes>(src, idx, blocks, ctas, sink, flush, flush_bytes));
+    line("bulk per row", 2, run<1, 2, kRowBytes>(src, idx, blocks, ctas, sink, flush, flush_bytes));
+    line("bulk per row", kDeep,
+         run<1, kDeep, kRowBytes>(src, idx, blocks, ctas, sink, flush, flush_bytes));
+  }
+}
+
 int main() {
-  const size_t n_rows = 1u << 20;  // 656 MiB of rows
+  const size_t n_rows = 1u << 20;     // rows of any size below
+  const size_t max_row_bytes = 1152;  // a 16-bit (512 + 64) row
   uint8_t* src;
-  cudaMalloc(&src, n_rows * kRowBytes);
-  cudaMemset(src, 1, n_rows * kRowBytes);
+  cudaMalloc(&src, n_rows * max_row_bytes);
+  cudaMemset(src, 1, n_rows * max_row_bytes);
   void* flush;
   const size_t flush_bytes = 256u << 20;
   cudaMalloc(&flush, flush_bytes);
@@ -143,12 +172,11 @@ int main() {
     const size_t cta = i / (static_cast<size_t>(kMaxBlocks) * kRows);
     h[i] = window ? static_cast<int>(cta * 8192 + rng() % 8192) : static_cast<int>(rng() % n_rows);
   }
-  std::printf("rows drawn %s\n",
+  std::printf("SMs %d; rows drawn %s\n", sms,
               window ? "from each CTA's window of 8192 rows" : "from all 2^20 rows");
   int* idx;
   cudaMalloc(&idx, h.size() * 4);
   cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
-  std::printf("SMs %d; rows of %d B, %d a block (%d B)\n", sms, kRowBytes, kRows, kBlockBytes);
   {
     uint8_t* dst;
     const size_t n = 512u << 20;
@@ -171,22 +199,8 @@ int main() {
                 2.0 * n / (t[t.size() / 2] * 1e-3) / 1e12);
     cudaFree(dst);
   }
-  std::printf(
-      "| mode | stages | CTAs | blocks a CTA | us | TB/s |\n| --- | --- | --- | --- | --- | --- "
-      "|\n");
-  for (int ctas : {128}) {
-    for (int blocks : {4, 16, 32, 64}) {
-      const double bytes = static_cast<double>(ctas) * blocks * kBlockBytes;
-      auto line = [&](const char* m, int st, float us) {
-        std::printf("| %s | %d | %d | %d | %.1f | %.2f |\n", m, st, ctas, blocks, us,
-                    bytes / us / 1e6);
-      };
-      line("cp.async 16 B", 2, run<0, 2>(src, idx, blocks, ctas, sink, flush, flush_bytes));
-      line("cp.async 16 B", 4, run<0, 4>(src, idx, blocks, ctas, sink, flush, flush_bytes));
-      line("bulk per row", 2, run<1, 2>(src, idx, blocks, ctas, sink, flush, flush_bytes));
-      line("bulk per row", 4, run<1, 4>(src, idx, blocks, ctas, sink, flush, flush_bytes));
-      line("bulk per row", 5, run<1, 5>(src, idx, blocks, ctas, sink, flush, flush_bytes));
-    }
-  }
+  table<656>(src, idx, sink, flush, flush_bytes);   // fp8_ds_mla
+  table<576>(src, idx, sink, flush, flush_bytes);   // per-tensor e4m3
+  table<1152>(src, idx, sink, flush, flush_bytes);  // bf16 / fp16
   return 0;
 }
