@@ -442,15 +442,14 @@ TEST(Sm90SparseDsMla, MatchesTheOracleOverBf16RoundedValues) {
     SCOPED_TRACE(name_of(s));
     Prepared p = prepare(s, spread_groups);
     DeviceCall call(*p.b, p.kv_bytes());
-    expect_route(route_on_device(call.params), s);
     const Route route = route_on_device(call.params);
+    expect_route(route, s);
     ASSERT_TRUE(run_on_gpu(call.params));
     call.download(*p.b);
     if (sm90_ds_direct(route)) {
-      // The direct route computes with the exact values (ds_direct_allowance: the fp16 query's
-      // and P's rounding below their normal ranges).
-      const mla_test::RowAllowance extra = ds_direct_allowance(*p.b, p.cache);
-      check_against_oracle(*p.b, sm90_p_rel(*p.b), &extra);
+      // The direct route computes with the exact values (check_sm90_ds_mla: its allowance for the
+      // fp16 query's and P's rounding below their normal ranges).
+      check_sm90_ds_mla(*p.b, route, p.cache);
     } else {
       p.b->in.kv = ds_mla::gather_rounded_kv(p.b->in);
       check_sm90(*p.b);

@@ -1035,18 +1035,16 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           CUTE_UNROLL
           for (int i = 0; i < 16; ++i) aw(i) = words[i];
           warpgroup_arrive();
-          if constexpr (kDsRegs) {
-            auto tOrPg = group_p(m / 2);
-            CUTE_UNROLL
-            for (int k = 0; k < 4; ++k) {
-              cute::gemm(mma_pv, a(_, 0, k), tOrPg(_, 0, k), tOrO(_, m, 0));
+          // kDsRegs: P^T of the m tile's latent group (m / 2).
+          auto tOrPm = [&] {
+            if constexpr (kDsRegs) {
+              return group_p(m / 2);
+            } else {
+              return tOrP;
             }
-          } else {
-            CUTE_UNROLL
-            for (int k = 0; k < 4; ++k) {
-              cute::gemm(mma_pv, a(_, 0, k), tOrP(_, 0, k), tOrO(_, m, 0));
-            }
-          }
+          }();
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) cute::gemm(mma_pv, a(_, 0, k), tOrPm(_, 0, k), tOrO(_, m, 0));
           warpgroup_commit_batch();
         };
         static_assert(kL / 64 == 8, "tiles issued in pairs");
