@@ -121,12 +121,19 @@ struct SegmentState {
 // tma::Formats.
 template <Elem Q, Elem KV, bool kSparse>
 inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == Elem::kFp8E4M3;
+// A sparse call's fp8_ds_mla rows read as they land (kFp8Direct) land whole, one bulk copy a row
+// (tma::gather_rows_bulk), at their own 656 bytes. Per-tensor e4m3 rows keep the 64-byte swizzle
+// of the chunks (0): landed whole (at a pitch of 592 bytes) they ran 1 to 2% slower at B64 H16 and
+// H32 (docs/perf-notes.md, fp8_ds_mla rows landed whole).
+template <Elem KV, bool kFp8Direct, bool kSparse>
+inline constexpr int kBulkRowPitch = kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? 656 : 0;
 template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false>
 using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
                   : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
                                                        : tma::Formats<Q, KV>::kCompute,
-                  kRows, kFp8Direct && Q == Elem::kBf16, kFp8Direct && KV == Elem::kFp8DsMla>;
+                  kRows, kFp8Direct && Q == Elem::kBf16, kFp8Direct && KV == Elem::kFp8DsMla,
+                  kBulkRowPitch<KV, kFp8Direct, kSparse>>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -137,6 +144,17 @@ using FewRowsTraitsOf =
 // In two steps, so that a chunk's loads can go ahead of its widening: load_e4m3_k_words (two
 // ldmatrix; raw[4 x + 2 h + k]: k step pair x, keys g + 8 k of group h), then widen_e4m3_k_words
 // (out[4 u + r]: register r of k step u; each pair widened from its half of the word).
+// kPitch: whole rows at that pitch (FewRowsTraits::kRowPitch), the same bytes at
+// e4m3_offset<kPitch>.
+template <int kPitch>
+__device__ __forceinline__ uint32_t e4m3_offset(int c, int key, int u) {
+  if constexpr (kPitch > 0) {
+    return key * kPitch + c * 64 + (u << 4);
+  } else {
+    return c * 64 * 64 + key * 64 + ((u ^ ((key >> 1) & 3)) << 4);
+  }
+}
+template <int kPitch>
 __device__ __forceinline__ void load_e4m3_k_words(uint32_t stage_addr, int c, int warp, int lane,
                                                   uint32_t (&raw)[8]) {
   const int j = lane >> 3, r = lane & 7;
@@ -144,7 +162,7 @@ __device__ __forceinline__ void load_e4m3_k_words(uint32_t stage_addr, int c, in
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int u = 2 * x + (j >> 1);  // the matrix's 16-column group of the chunk
-    const uint32_t addr = stage_addr + c * 64 * 64 + key * 64 + ((u ^ ((key >> 1) & 3)) << 4);
+    const uint32_t addr = stage_addr + e4m3_offset<kPitch>(c, key, u);
     // keys g and g + 8 of groups 2x and 2x + 1
     tma::ldmatrix_x4(addr, raw[4 * x], raw[4 * x + 1], raw[4 * x + 2], raw[4 * x + 3]);
   }
@@ -170,12 +188,13 @@ __device__ __forceinline__ void widen_e4m3_k_words(const uint32_t (&raw)[8], uin
 // fp8_o_row; the keys keep their order). In two steps as the K fragment's: load_e4m3_vt_words
 // (raw[4 x + 2 h + k]), then widen_e4m3_vt_words (out[4 u + r]: register r of k step u; one byte
 // permute puts both columns' pairs of a word in its two halves, each widened from its half).
+template <int kPitch>
 __device__ __forceinline__ void load_e4m3_vt_words(uint32_t stage_addr, int m, int warp, int lane,
                                                    uint32_t (&raw)[8]) {
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = 32 * x + lane;
-    const uint32_t addr = stage_addr + m * 64 * 64 + key * 64 + ((warp ^ ((key >> 1) & 3)) << 4);
+    const uint32_t addr = stage_addr + e4m3_offset<kPitch>(m, key, warp);
     // keys 0..7, 8..15, 16..23, 24..31 of the pair of k steps
     tma::ldmatrix_x4_trans(addr, raw[4 * x], raw[4 * x + 1], raw[4 * x + 2], raw[4 * x + 3]);
   }
@@ -212,7 +231,7 @@ __device__ __forceinline__ void load_fp8_v_fragment(uint32_t stage_addr, int m, 
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const int key = 32 * k + lane;  // lane i: row i % 8 of matrix i / 8
-    const uint32_t addr = stage_addr + m * 64 * 64 + key * 64 + ((warp ^ ((key >> 1) & 3)) << 4);
+    const uint32_t addr = stage_addr + e4m3_offset<0>(m, key, warp);
     uint32_t x0, y0, x1, y1;  // keys 0..7, 8..15, 16..23, 24..31 of the k step
     tma::ldmatrix_x4_trans(addr, x0, y0, x1, y1);
     a[k][0] = tma::byte_perm(x0, y0, 0x6240);  // row r: keys 2q, 8 + 2q, 2q + 1, 9 + 2q
@@ -268,8 +287,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
-  // kDsRegs: a sparse call's fp8_ds_mla rows as they land (tma::gather_e4m3_direct<..., true>):
-  // the kFp8Regs GEMMs over the latent chunks, one partial per latent group scaled by the keys'
+  // kDsRegs: a sparse call's fp8_ds_mla rows as they land, whole (tma::gather_rows_bulk): the
+  // kFp8Regs GEMMs over the latent chunks, one partial per latent group scaled by the keys'
   // group scales, the rope part in bf16, and P scaled per group (docs/sm90-sparse.md, fp8_ds_mla
   // rows read as they land).
   constexpr bool kDsRegs = kFp8Direct && KV == Elem::kFp8DsMla;
@@ -328,9 +347,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   if constexpr (kAhead) {
     tma::init_gather_ahead_barriers<Traits, false>(smem);
   } else if constexpr (kDirectGather) {
-    // Full barriers: one arrival per producer thread's copies of the chunk; empty barriers: one
-    // per consumer thread.
-    tma::init_ring_barriers<Traits, false, false, true>(smem, 128);
+    // Full barriers: one arrival per producer thread's copies of the chunk (kRowPitch: per row,
+    // on chunk 0's alone); empty barriers: one per consumer thread.
+    tma::init_ring_barriers<Traits, false, false, true>(
+        smem, Traits::kRowPitch > 0 ? Traits::kKeys : 128);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
@@ -353,8 +373,10 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       if (w.row0 < w.rows && w.block_begin < w.block_end) {
         if constexpr (kAhead) {
           tma::gather_ahead_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0, 0);
+        } else if constexpr (kDirectGather && Traits::kRowPitch > 0) {
+          if (threadIdx.x < Traits::kKeys) tma::gather_rows_bulk<Traits>(p, w, smem, threadIdx.x);
         } else if constexpr (kDirectGather) {
-          tma::gather_e4m3_direct<Traits, kDsRegs>(p, w, smem, threadIdx.x);
+          tma::gather_e4m3_direct<Traits>(p, w, smem, threadIdx.x);
         } else {
           tma::gather_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x, 0, 0);
         }
@@ -598,8 +620,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         const uint32_t stage_addr = tma::smem_addr(k_stage);
         uint32_t raw[8];
         auto load = [&](int c) {
-          mbar_wait(&smem.full[stage][c], phase);
-          load_e4m3_k_words(stage_addr, c, warp, lane, raw);
+          // kRowPitch: the block lands whole on chunk 0's barrier.
+          if (Traits::kRowPitch == 0 || c == 0) mbar_wait(&smem.full[stage][c], phase);
+          load_e4m3_k_words<Traits::kRowPitch>(stage_addr, c, warp, lane, raw);
         };
         auto issue_widened = [&](int c, auto& a, auto& acc, bool zero, int chunks) {
           uint32_t words[16];
@@ -656,9 +679,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           // Latent group g's two chunks (widened and issued by issue_widened, as in kFp8Regs below)
           // into partial T[g % 2] from zero, added to S^T in fp32 times each key's scale of the
           // group once done (the next group's chunks already issued), then the rope part (bf16 x
-          // bf16 from shared memory) into T[0] from zero, added as it is: S^T = sum_g s_kg (K_g
-          // Q_g^T) + K_rope Q_rope^T, every product exact. Chunk 8 (the rope and the keys' scales)
-          // lands before chunk 4 (tma::gather_e4m3_direct), where the first sum is added.
+          // bf16, K_rope from registers) into T[0] from zero, added as it is: S^T = sum_g s_kg (K_g
+          // Q_g^T) + K_rope Q_rope^T, every product exact. The keys' scales are read from their
+          // rows (bytes 512..527) before the first sum is added.
           auto add_group = [&](int g, auto& t) {
             warpgroup_fence_operand(t);
             CUTE_UNROLL
@@ -670,11 +693,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           auto issue = [&](int c, auto& a, auto& t) {
             if (c >= 2) warpgroup_wait<1>();
             if (c == 4) {
-              mbar_wait(&smem.full[stage][8], phase);
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
+                const int key = get<0>(tScS(2 * h));
                 const float4 f = *reinterpret_cast<const float4*>(
-                    &smem.ds_scales[stage][get<0>(tScS(2 * h))][0]);
+                    reinterpret_cast<const uint8_t*>(k_stage) + key * Traits::kRowPitch +
+                    tma::kDsMlaScaleOffset);
                 ds_scale[h][0] = f.x;
                 ds_scale[h][1] = f.y;
                 ds_scale[h][2] = f.z;
@@ -702,18 +726,26 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           warpgroup_fence_operand(tSrS);
           add_group(2, tSrT0);
           {
-            // The rope part: bf16 from shared memory, the query tile's rope chunk stored in bf16.
+            // The rope part: bf16, the query tile's rope chunk stored in bf16, K_rope from
+            // registers: one ldmatrix a k step, lane i giving the address of key 16 warp + i % 8 +
+            // 8 ((i / 8) % 2), columns 8 (i / 16) .. of the step.
             typename Traits::TiledMmaRope mma_rope;
             auto thr_rope = mma_rope.get_thread_slice(wtid);
             Tensor tSrQr = thr_rope.partition_fragment_B(make_tensor(
                 make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
                     reinterpret_cast<uint8_t*>(smem.q) + Traits::kL / 64 * kRows * 128)),
-                typename Traits::SmemLayoutRopeQ{}));  // (MMA, 1, 4)
-            Tensor sKr =
-                make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(
-                                reinterpret_cast<uint8_t*>(k_stage) + Traits::kRopeOffset)),
-                            typename Traits::SmemLayoutRopeK{});
-            Tensor tSrKr = thr_rope.partition_fragment_A(sKr);  // (MMA, 1, 4)
+                typename Traits::SmemLayoutRopeQ{}));      // (MMA, 1, 4)
+            Tensor tSrKr = thr_rope.partition_fragment_A(  // (MMA, 1, 4) registers
+                make_tensor(make_smem_ptr(reinterpret_cast<cute::bfloat16_t*>(smem.q)),
+                            Layout<Shape<Int<kKeys>, Int<64>>>{}));
+            const int key = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+            const uint32_t base =
+                stage_addr + key * Traits::kRowPitch + tma::kDsMlaRopeOffset + ((lane >> 4) << 4);
+            CUTE_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              Tensor a = recast<uint32_t>(tSrKr(_, 0, k));
+              tma::ldmatrix_x4(base + 32 * k, a(0), a(1), a(2), a(3));
+            }
             warpgroup_fence_operand(tSrT0);
             warpgroup_arrive();
             CUTE_UNROLL
@@ -1012,7 +1044,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
         // halves go back once their fragments are built (as on the FP8 tensor cores above). ----
         const uint32_t stage_addr = tma::smem_addr(k_stage);
         uint32_t raw[8];
-        load_e4m3_vt_words(stage_addr, 0, warp, lane, raw);
+        load_e4m3_vt_words<Traits::kRowPitch>(stage_addr, 0, warp, lane, raw);
         if constexpr (kDsRegs) {
           // m tile m (values v / (kRows / 2)) belongs to latent group m / 2.
           CUTE_UNROLL
@@ -1028,7 +1060,9 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
           if (m >= 2) warpgroup_wait<1>();
           uint32_t words[16];
           widen_e4m3_vt_words(raw, words);
-          if (m + 1 < kL / 64) load_e4m3_vt_words(stage_addr, m + 1, warp, lane, raw);
+          if (m + 1 < kL / 64) {
+            load_e4m3_vt_words<Traits::kRowPitch>(stage_addr, m + 1, warp, lane, raw);
+          }
           if (!keep && m == Traits::kLeftChunks - 1) release(&smem.empty_l[stage]);
           if (!keep && m == kL / 64 - 1) release(&smem.empty_r[stage]);
           Tensor aw = recast<uint32_t>(a);

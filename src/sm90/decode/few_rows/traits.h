@@ -100,14 +100,18 @@ enum class NamedBarrier : uint32_t {
 };
 
 // E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take
-// from registers (GmmaOpsRegs). kDsMla (with kRegsA, 16 rows): the stages hold fp8_ds_mla rows as
-// they land (docs/sm90-sparse.md, fp8_ds_mla rows read as they land): the 8 e4m3 latent chunks,
-// the bf16 rope chunk (128-byte swizzle) and the rows' four group scales; P goes to shared memory
-// once per group, scaled by the keys' group scales.
-template <Elem E, int kRowsN, bool kRegsA = false, bool kDsMla = false>
+// from registers (GmmaOpsRegs). kDsMla (with kRegsA, 16 rows): the stages hold a sparse call's
+// fp8_ds_mla rows as they land (docs/sm90-sparse.md, fp8_ds_mla rows read as they land), whole at
+// kRowPitchN 656; P goes to shared memory once per group, scaled by the keys' group scales.
+// kRowPitchN (with kRegsA): the stages hold each cache row whole at that pitch, as one bulk copy
+// lands it (tma::gather_rows_bulk): key k's byte b at k * kRowPitchN + b, every operand read
+// through ldmatrix; 0: the 64-column chunks of the 64-byte swizzle a TMA box writes.
+template <Elem E, int kRowsN, bool kRegsA = false, bool kDsMla = false, int kRowPitchN = 0>
 struct FewRowsTraits {
   static_assert(!kRegsA || E == Elem::kFp16, "registers widen e4m3 to fp16");
-  static_assert(!kDsMla || (kRegsA && kRowsN == 16), "fp8_ds_mla as it lands: 16 rows");
+  static_assert(!kDsMla || (kRegsA && kRowsN == 16 && kRowPitchN == 656),
+                "fp8_ds_mla as it lands: 16 rows, whole");
+  static_assert(kRowPitchN == 0 || kRegsA, "whole rows: the GEMMs' A operands from registers");
   using Ops = std::conditional_t<kRegsA, GmmaOpsRegs<kRowsN>, GmmaOps<E, kRowsN>>;
   using T = typename Ops::Type;
   // e4m3 operands on the FP8 tensor cores: 64-byte rows per chunk (64-byte swizzle), k steps of
@@ -166,10 +170,12 @@ struct FewRowsTraits {
   static constexpr int kMergePasses = kStages == 4 && kRows == 32 ? 2 : 1;
   static constexpr int kMergeCols = kL / kMergePasses;
   static constexpr int kMergeStride = kMergeCols + 4;
-  // kDsMla: the rope chunk (bf16, 8 KB) after the 8 e4m3 latent chunks.
-  static constexpr int kRopeOffset = kKeys * kL;  // bytes
-  static constexpr int kBlockBytes =
-      kDsMla ? kRopeOffset + kKeys * 64 * 2 : kKeys * kD * kStageElemBytes;
+  static constexpr int kRowPitch = kRowPitchN;
+  // NOTE: at a pitch of 16 bytes times an odd number, the 8 keys an ldmatrix matrix reads (in a
+  // row at the same column) fall in 8 different 16-byte bank groups: no conflict.
+  static_assert(kRowPitch == 0 || (kRowPitch % 32 == 16 && kRowPitch >= kD),
+                "an odd 16-byte pitch");
+  static constexpr int kBlockBytes = kRowPitch > 0 ? kKeys* kRowPitch : kKeys* kD* kStageElemBytes;
   static constexpr int kStageBytes =
       (cute::max(kBlockBytes, kMergeStride* kRows * 4) + 1023) / 1024 * 1024;
   // kDsMla: P^T once per latent group (B operands of the group's two m tiles).
@@ -177,13 +183,11 @@ struct FewRowsTraits {
 
   using TiledMmaQk = decltype(cute::make_tiled_mma(typename Ops::QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(typename Ops::PvAtom{}));
-  // kDsMla: S^T's rope part, bf16 x bf16 from shared memory (the rope chunk, and the query tile's
-  // rope chunk stored in bf16: tma::load_query_tile_rows, kRopeBf16).
-  using TiledMmaRope =
-      decltype(cute::make_tiled_mma(typename GmmaOps<Elem::kBf16, kRowsN>::QkAtom{}));
-  using SmemLayoutRopeK =
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
-                                   cute::Shape<cute::Int<kKeys>, cute::Int<64>>{}));
+  // kDsMla (16 rows): S^T's rope part, bf16 x bf16 with K_rope from registers (ldmatrix of the
+  // rows' bf16 rope bytes) and the query tile's rope chunk stored in bf16
+  // (tma::load_query_tile_rows, kRopeBf16).
+  using TiledMmaRope = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x16x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>{}));
   using SmemLayoutRopeQ =
       decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<cute::bfloat16_t>{},
                                    cute::Shape<cute::Int<kRows>, cute::Int<64>>{}));
@@ -207,9 +211,8 @@ struct FewRowsTraits {
     // and fp8_ds_mla's scales of each producer warp's two chunks.
     int32_t slot[kStages][kKeys];
     float scales[kStages][4][2][kKeys];
-    // kDsMla: the block's four group scales of each key as they land, and each consumer warp's
-    // largest of the block's keys, [consumer][block parity][warp][group].
-    alignas(16) float ds_scales[kDsMla ? kStages : 1][kKeys][4];
+    // kDsMla: each consumer warp's largest group scales of the block's keys, [consumer][block
+    // parity][warp][group].
     alignas(16) float ds_max[2][2][4][4];
     uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed

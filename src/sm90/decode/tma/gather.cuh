@@ -14,6 +14,9 @@
 // - fp8_ds_mla: the 64 bf16 rope values land in the rope chunk directly; each latent value is
 //   multiplied by its group's fp32 scale as it widens, rounded once to bf16.
 // The block's entries land in `slot[stage]` too, where the consumers find which keys are -1.
+// The few-rows kernel's routes that read e4m3 rows as they land take their own producers:
+// per-tensor rows in the 64-byte swizzle (gather_e4m3_direct), fp8_ds_mla rows whole, one bulk copy
+// a row (gather_rows_bulk).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -382,11 +385,7 @@ __device__ __forceinline__ void gather_blocks(const DecodeKernelParams& p, const
 // w.extent and entries of -1 land as zeros; the block's entries land in slot[stage].
 // Block `it` goes to stage it % kStages (the consumers' order: few_rows_kernel.cuh), phase
 // (it / kStages) % 2: one segment per CTA (the sparse grid), so nothing carries over.
-// kDsMla: fp8_ds_mla rows; chunk 8 is the bf16 rope (128 bytes a row, the 128-byte swizzle, at
-// Traits::kRopeOffset: thread t copies its two rows' pieces t % 4 and t % 4 + 4) and the rows'
-// four group scales (threads t % 4 == 0, into ds_scales[stage][row]), under chunk 8's barrier,
-// issued before chunks 4..7.
-template <typename Traits, bool kDsMla = false>
+template <typename Traits>
 __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, const TileWork& w,
                                                    typename Traits::SharedMemoryPlan& smem,
                                                    int tid) {
@@ -446,28 +445,62 @@ __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, 
                    key < w.extent ? 4u : 0u);
       }
     }
-    if constexpr (kDsMla) {
-      // Chunk 8 first: the consumers need the scales from the first group's sums on (before
-      // chunk 4).
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int r = r0 + 32 * j;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int v = u + 4 * h;  // 16-byte unit of the row's 128 rope bytes
-          cp_async_16(bytes + Traits::kRopeOffset + r * 128 + ((v ^ (r & 7)) << 4),
-                      row[j] + (n[j] != 0 ? kDsMlaRopeOffset + 16 * v : 0), n[j]);
-        }
-        if (u == 0) {
-          cp_async_16(&smem.ds_scales[stage][r][0], row[j] + (n[j] != 0 ? kDsMlaScaleOffset : 0),
-                      n[j]);
-        }
-      }
-      cp_async_mbar_arrive(&smem.full[stage][8]);
-    }
 #pragma unroll
     for (int c = Traits::kLeftChunks; c < 8; ++c) copy_chunk(c, 64 * c, dims.upper);
-    if constexpr (!kDsMla) copy_chunk(8, dims.rope_col, dims.rope);
+    copy_chunk(8, dims.rope_col, dims.rope);
+  }
+}
+
+// ---- fp8_ds_mla rows landed whole, one bulk copy each (the few-rows kernel's kRowPitch stages)
+// ---- Thread r (0..63) of the producer warpgroup lands row r of every block at r * kRowPitch of
+// the block's stage with one cp.async.bulk of its 656 bytes as the cache holds them (latent e4m3 at
+// 0, the four group scales at 512, the bf16 rope at 528; docs/sm90-sparse.md, fp8_ds_mla rows
+// landed whole), which the consumers read through ldmatrix (FewRowsTraits::kRowPitch). Each
+// thread's arrive on the stage's full barrier (chunk 0's, 64 arrivals) carries its row's bytes and
+// publishes its entry in slot[stage]; the block lands whole. The rows of -1 entries and of keys
+// past w.extent are zeroed by the thread's stores. Block `it` goes to stage it % kStages, phase
+// (it / kStages) % 2 (one segment per CTA, as gather_e4m3_direct).
+template <typename Traits>
+__device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, const TileWork& w,
+                                                 typename Traits::SharedMemoryPlan& smem, int r) {
+  constexpr int kStages = Traits::kStages;
+  constexpr int kKeys = Traits::kKeys;
+  constexpr int kPitch = Traits::kRowPitch;
+  constexpr uint32_t kRowBytes = 656;
+  static_assert(kKeys == 64 && kPitch >= kRowBytes && Traits::kStageElemBytes == 1,
+                "stages of 64 whole fp8_ds_mla rows");
+  const int num_blocks = w.block_end - w.block_begin;
+  auto entry = [&](int it) {
+    const int key = (w.block_begin + it) * kKeys + r;
+    return key < w.extent ? __ldg(w.slots + key) : -1;
+  };
+  int next = entry(0);
+#pragma unroll 1
+  for (int it = 0; it < num_blocks; ++it) {
+    const int stage = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int key = (w.block_begin + it) * kKeys + r;
+    const int e = next;
+    if (it + 1 < num_blocks) next = entry(it + 1);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(smem.k[stage]) + r * kPitch;
+    uint64_t* bar = &smem.full[stage][0];
+    mbar_wait(&smem.empty_l[stage], phase ^ 1);
+    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+    // After both releases: every consumer thread read the stage's previous entries before its
+    // arrive. This thread's arrive below publishes it.
+    smem.slot[stage][r] = key < w.extent ? e : 0;
+    if (e >= 0) {
+      mbar_arrive_expect_tx(bar, kRowBytes);
+      bulk_copy_g2s(dst, row_at(p, slot_row16(p, e, 1)), kRowBytes, bar);
+    } else {
+      // NOTE: a bulk copy from shared memory takes a cluster launch; zeros by generic stores
+      // instead, fenced for the next bulk copy into the same bytes (the async proxy).
+      for (uint32_t b = 0; b < kRowBytes; b += 16) {
+        *reinterpret_cast<uint4*>(dst + b) = uint4{0, 0, 0, 0};
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(bar);
+    }
   }
 }
 

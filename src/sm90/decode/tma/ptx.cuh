@@ -142,6 +142,18 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote, const void
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into this
+// CTA's shared memory at `dst` with the bulk copy engine, completing them on `bar` (transaction
+// bytes): one row of a gathered block (gather.cuh, gather_rows_bulk).
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+      "[%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Stores 16 bytes at shared::cluster address `remote` (another CTA's shared memory) and completes
 // 16 transaction bytes on the barrier at shared::cluster address `remote_bar` in the same CTA.
 // Nothing waits: the barrier's phase completes once every such store has landed.
