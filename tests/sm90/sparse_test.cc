@@ -83,6 +83,8 @@ SparseCase sparse(int B, int H, int q_len, int top_k, std::vector<int> seq_lens,
 
 SparseCase with_format(SparseCase s, Format f) {
   s.ds_mla = f == Format::kDsMla;
+  // fp8_ds_mla rows take the few-rows kernel at 16 rows only (route.cc, family_of).
+  if (s.ds_mla && s.c.H > 16 && s.kernel == Kernel::kFewRows) s.kernel = Kernel::kSeesaw;
   s.c.q_dtype = f == Format::kFp16 ? kFp16 : f == Format::kFp8 ? kFp8 : kBf16;
   s.c.kv_dtype = f == Format::kFp16                           ? kFp16
                  : f == Format::kFp8 || f == Format::kBf16Fp8 ? kFp8
@@ -309,7 +311,8 @@ std::vector<SparseCase> format_cases() {
 std::vector<SparseCase> direct_cases() {
   std::vector<SparseCase> cases;
   const int page_sizes[] = {16, 64, 1, 256};
-  // fp8_ds_mla: read as it lands at up to 16 heads (docs/sm90-sparse.md), 20 and 32 widened.
+  // fp8_ds_mla: read as it lands at up to 16 heads (docs/sm90-sparse.md); 20 and 32 heads take one
+  // seesaw tile.
   for (Format f : {Format::kFp8, Format::kBf16Fp8, Format::kDsMla}) {
     for (int H : {1, 3, 16, 20, 32}) {
       const int n = static_cast<int>(cases.size());

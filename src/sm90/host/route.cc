@@ -138,7 +138,11 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
     // One tile per query token (its heads: a token's entries are its own): the few-rows kernel up
     // to few_rows::kMaxRows heads, the seesaw kernel above, both on uniform splits.
     f.tma = f.sparse = sparse_shape_ok(p, sw);
+    // NOTE: fp8_ds_mla rows at 17..32 heads go to the seesaw kernel: the few-rows kernel takes them
+    // only at 16 rows (read as they land); its 32-row tiles over rows widened by the producer ran
+    // 8 to 30% slower than one seesaw tile (docs/sm90-sparse.md, Tiles and splits).
     f.few_rows = f.tma && p.num_heads <= ::mla::sm90::few_rows::kMaxRows &&
+                 !(p.kv_format == KvFormat::kFp8DsMla && p.num_heads > 16) &&
                  sw.kernel != Switches::Kernel::kSeesaw;
     f.seesaw = f.tma && !f.few_rows;
     return f;
@@ -293,10 +297,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     // gather its rows as they are (tma::gather_e4m3_direct; docs/sm90-sparse.md).
     r.fp8_direct =
         sw.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain;
-    // A sparse call's fp8_ds_mla rows at 16 rows land as they are too: the latent groups' GEMMs
-    // take their scales on the scores and on P (docs/sm90-sparse.md, fp8_ds_mla rows read as they
-    // land); 32 rows do not fit its shared memory.
-    if (f.sparse && p.kv_format == KvFormat::kFp8DsMla && r.few_rows == 16 && sw.ds_direct) {
+    // A sparse call's fp8_ds_mla rows (16 rows: family_of) land as they are too: the latent
+    // groups' GEMMs take their scales on the scores and on P (docs/sm90-sparse.md, fp8_ds_mla rows
+    // read as they land).
+    if (f.sparse && p.kv_format == KvFormat::kFp8DsMla && sw.ds_direct) {
       r.fp8_direct = true;
     }
   } else if (f.sparse && f.seesaw) {

@@ -1,10 +1,8 @@
-// Few-rows decode kernel for sparse calls, bf16 query over an fp8_ds_mla kv_cache (bf16 GEMMs), 16
-// and 32 padded query rows.
+// Few-rows decode kernel for sparse calls, bf16 query over an fp8_ds_mla kv_cache, 16 padded query
+// rows (17..32 heads take the seesaw kernel: route.cc).
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"
 
 namespace mla::sm90::few_rows {
 template cudaError_t launch_few_rows_sparse<Elem::kBf16, Elem::kFp8DsMla, 16>(
-    const DecodeKernelParams&, cudaStream_t, bool, bool);
-template cudaError_t launch_few_rows_sparse<Elem::kBf16, Elem::kFp8DsMla, 32>(
     const DecodeKernelParams&, cudaStream_t, bool, bool);
 }  // namespace mla::sm90::few_rows
