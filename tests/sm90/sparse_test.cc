@@ -83,8 +83,6 @@ SparseCase sparse(int B, int H, int q_len, int top_k, std::vector<int> seq_lens,
 
 SparseCase with_format(SparseCase s, Format f) {
   s.ds_mla = f == Format::kDsMla;
-  // fp8_ds_mla rows take the few-rows kernel at 16 rows only (route.cc, family_of).
-  if (s.ds_mla && s.c.H > 16 && s.kernel == Kernel::kFewRows) s.kernel = Kernel::kSeesaw;
   s.c.q_dtype = f == Format::kFp16 ? kFp16 : f == Format::kFp8 ? kFp8 : kBf16;
   s.c.kv_dtype = f == Format::kFp16                           ? kFp16
                  : f == Format::kFp8 || f == Format::kBf16Fp8 ? kFp8
@@ -121,21 +119,28 @@ void expect_route(const Route& r, const SparseCase& s) {
   if (std::getenv("MLA_SM90_KERNEL") != nullptr || std::getenv("MLA_SM90_MAX_SPLITS") != nullptr) {
     return;  // routing forced
   }
-  EXPECT_EQ(static_cast<int>(r.kernel), static_cast<int>(s.kernel))
+  auto off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string(v) == "0";
+  };
+  // fp8_ds_mla rows at 17..32 heads: the few-rows kernel's tiles of 16 heads, read as they land;
+  // with MLA_SM90_DS_DIRECT=0 one seesaw tile (route.cc, family_of).
+  Kernel kernel = s.kernel;
+  if (s.ds_mla && kernel == Kernel::kFewRows && s.c.H > 16 && off("MLA_SM90_DS_DIRECT")) {
+    kernel = Kernel::kSeesaw;
+  }
+  EXPECT_EQ(static_cast<int>(r.kernel), static_cast<int>(kernel))
       << "kernel (1 simt, 2 few_rows, 3 seesaw)";
-  EXPECT_EQ(r.sparse, s.kernel != Kernel::kSimt);
-  if (s.kernel == Kernel::kFewRows) {
-    EXPECT_EQ(r.few_rows, s.c.H <= 16 ? 16 : 32);
+  EXPECT_EQ(r.sparse, kernel != Kernel::kSimt);
+  if (kernel == Kernel::kFewRows) {
+    EXPECT_EQ(r.few_rows, s.c.H <= 16 || s.ds_mla ? 16 : 32);
     // A per-tensor e4m3 cache lands as e4m3 (tma::gather_e4m3_direct) unless
-    // MLA_SM90_FP8_DIRECT=0, an fp8_ds_mla cache at 16 rows unless MLA_SM90_DS_DIRECT=0.
-    auto off = [](const char* name) {
-      const char* v = std::getenv(name);
-      return v != nullptr && std::string(v) == "0";
-    };
-    const bool direct = s.ds_mla ? s.c.H <= 16 && !off("MLA_SM90_DS_DIRECT")
+    // MLA_SM90_FP8_DIRECT=0, an fp8_ds_mla cache whole (tma::gather_rows_bulk) unless
+    // MLA_SM90_DS_DIRECT=0.
+    const bool direct = s.ds_mla ? !off("MLA_SM90_DS_DIRECT")
                                  : s.c.kv_dtype == kFp8 && !off("MLA_SM90_FP8_DIRECT");
     EXPECT_EQ(r.fp8_direct, direct) << "fp8_direct";
-  } else if (s.kernel == Kernel::kSeesaw) {
+  } else if (kernel == Kernel::kSeesaw) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);
     // The two tiles of a token over e4m3 rows gather as a pair (docs/sm90-sparse.md, Pairs)
     // unless MLA_SM90_PAIR=0.
@@ -311,8 +316,8 @@ std::vector<SparseCase> format_cases() {
 std::vector<SparseCase> direct_cases() {
   std::vector<SparseCase> cases;
   const int page_sizes[] = {16, 64, 1, 256};
-  // fp8_ds_mla: read as it lands at up to 16 heads (docs/sm90-sparse.md); 20 and 32 heads take one
-  // seesaw tile.
+  // fp8_ds_mla: read as it lands in tiles of 16 heads (docs/sm90-sparse.md): 20 and 32 heads take
+  // two.
   for (Format f : {Format::kFp8, Format::kBf16Fp8, Format::kDsMla}) {
     for (int H : {1, 3, 16, 20, 32}) {
       const int n = static_cast<int>(cases.size());

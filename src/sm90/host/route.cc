@@ -138,11 +138,12 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
     // One tile per query token (its heads: a token's entries are its own): the few-rows kernel up
     // to few_rows::kMaxRows heads, the seesaw kernel above, both on uniform splits.
     f.tma = f.sparse = sparse_shape_ok(p, sw);
-    // NOTE: fp8_ds_mla rows at 17..32 heads go to the seesaw kernel: the few-rows kernel takes them
-    // only at 16 rows (read as they land); its 32-row tiles over rows widened by the producer ran
-    // 8 to 30% slower than one seesaw tile (docs/sm90-sparse.md, Tiles and splits).
+    // NOTE: fp8_ds_mla rows at 17..32 heads take the few-rows kernel in tiles of 16 heads, read as
+    // they land (sparse_few_rows_tiles); with that route off (MLA_SM90_DS_DIRECT=0) the seesaw
+    // kernel: the few-rows kernel's 32-row tiles over rows widened by its producer ran 8 to 30%
+    // slower than one seesaw tile (docs/sm90-sparse.md, Tiles and splits).
     f.few_rows = f.tma && p.num_heads <= ::mla::sm90::few_rows::kMaxRows &&
-                 !(p.kv_format == KvFormat::kFp8DsMla && p.num_heads > 16) &&
+                 !(p.kv_format == KvFormat::kFp8DsMla && p.num_heads > 16 && !sw.ds_direct) &&
                  sw.kernel != Switches::Kernel::kSeesaw;
     f.seesaw = f.tma && !f.few_rows;
     return f;
@@ -167,10 +168,18 @@ Family family_of(const Problem& p, int sms, const Switches& sw) {
   return f;
 }
 
-// A sparse call's (token, tile) CTAs per split: one tile per token on the few-rows kernel, tiles
-// of 64 heads on the seesaw kernel.
+// The few-rows kernel's query-row tiles per token of a sparse call: one of 16 or 32 rows, or for
+// fp8_ds_mla (read as it lands at 16 rows only) tiles of 16 heads, each CTA gathering the same
+// rows (docs/sm90-sparse.md, Tiles and splits).
+int64_t sparse_few_rows_tiles(const Problem& p) {
+  return p.kv_format == KvFormat::kFp8DsMla ? ceil_div(p.num_heads, 16) : 1;
+}
+
+// A sparse call's (token, tile) CTAs per split: the few-rows kernel's tiles, tiles of 64 heads on
+// the seesaw kernel.
 int64_t sparse_ctas(const Problem& p, const Family& f) {
-  return p.num_tokens * (f.few_rows ? 1 : ceil_div(p.num_heads, tma::kTileRows));
+  return p.num_tokens *
+         (f.few_rows ? sparse_few_rows_tiles(p) : ceil_div(p.num_heads, tma::kTileRows));
 }
 
 // Upper bound of the splits per query token, from shapes and the SM count only.
@@ -290,7 +299,8 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
   if (f.few_rows) {
     r.kernel = Kernel::kFewRows;
     r.sparse = f.sparse;
-    const int64_t rows = f.sparse ? p.num_heads : p.max_q_len * p.num_heads;  // per tile
+    const int64_t rows = f.sparse ? ceil_div(p.num_heads, sparse_few_rows_tiles(p))
+                                  : p.max_q_len * p.num_heads;  // per tile
     r.few_rows = rows <= 16 ? 16 : 32;
     // An e4m3 cache is read by the GEMMs as it lands (e4m3 query: the FP8 tensor cores; bf16
     // query: widened in registers), not widened in shared memory (docs/sm90-fp8.md); sparse calls

@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
   // NOTE: sparse calls have a row per token here too, but tma::SparseTokenCursor (which the seesaw
   // kernel's sparse instantiations take) cost B64 H16 fp8_ds_mla +3% in this kernel.
-  using Cursor = std::conditional_t<kSparse, tma::SparseCursor, FewRowsCursor>;
+  using Cursor = std::conditional_t<kSparse, tma::SparseCursor<kRowsN>, FewRowsCursor>;
   // The producer warpgroup's registers: 56 where it widens or gathers; 72 where it walks the
   // segments of a dense call while it does (the consumers keep 216): with 56, the walk's state
   // spilled, and its reloads missed L1 in every block (B64 q2 H16 bf16-fp8 +23%).
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     uint32_t used0, used1;  // parity of the blocks each stage has held (its phase)
     if constexpr (kSparse) {
       // One segment: no walk (its state would cost the gather registers).
-      const tma::TileWork w = tma::resolve_sparse_tile(p, 0, blockIdx.y);
+      const tma::TileWork w = tma::resolve_sparse_tile(p, blockIdx.x, blockIdx.y, kRows);
       if (w.row0 < w.rows && w.block_begin < w.block_end) {
         if constexpr (kAhead) {
           tma::gather_ahead_blocks<Traits, KV, false>(p, w, smem, threadIdx.x, 0, 0, 0);
@@ -1302,7 +1302,8 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
   auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
-  const dim3 grid(1, params.num_tokens, params.num_splits);
+  // A tile of kRows heads per CTA (grid x: a token's heads past kRows take several; route.cc).
+  const dim3 grid((params.num_heads + kRows - 1) / kRows, params.num_tokens, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, unused);
 }

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor =
       std::conditional_t<kSparse,
-                         std::conditional_t<kTokenRows, tma::SparseCursor, tma::SparseTokenCursor>,
+                         std::conditional_t<kTokenRows, tma::SparseCursor<>, tma::SparseTokenCursor>,
                          std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
   static_assert(!kSparse || !(kDirect || kClean), "sparse calls: their own cursor");
   static_assert(kSparse || !kTokenRows, "token rows: sparse calls");

@@ -109,13 +109,14 @@ __device__ __forceinline__ void resolve_sparse_token(const DecodeKernelParams& p
 // The tile of a sparse call (one query token's heads): token `row`, or sparse_order's entry `row`
 // (params.h), query-row tile `tile` of its H heads, split blockIdx.z of num_splits equal runs of
 // the 64-key blocks over its counted entries. w.rows is the row after the token's last head, so
-// that rows - row0 is the tile's row count.
+// that rows - row0 is the tile's row count. tile_rows: the kernel's tile (the seesaw kernel's 64
+// rows; the few-rows kernel's 16 where a token's heads take several: route.cc).
 __device__ __forceinline__ TileWork resolve_sparse_tile(const DecodeKernelParams& p, int tile,
-                                                        int row) {
+                                                        int row, int tile_rows = kTileRows) {
   TileWork w;
   const int t = p.sparse_order != nullptr ? p.sparse_order[row] : row;
   resolve_sparse_token(p, t, w);
-  w.row0 += tile * kTileRows;
+  w.row0 += tile * tile_rows;
   const int num_blocks = (w.extent + kBlockKeys - 1) / kBlockKeys;
   const int per_split = (num_blocks + p.num_splits - 1) / p.num_splits;
   w.block_begin = min(num_blocks, static_cast<int>(blockIdx.z) * per_split);
@@ -149,7 +150,9 @@ struct SparseTokenCursor {
 // blockIdx.y of rounds of gridDim.y rows, in snake order (rows y, 2G - 1 - y, 2G + y, ... of a
 // grid of G rows), one per segment; a grid of num_tokens rows gives each CTA one segment. With the
 // longest-first order (sparse_order) the snake pairs a round's longest tokens with the next
-// round's shortest. Partial rows in the uniform layout [split, T, H].
+// round's shortest. Partial rows in the uniform layout [split, T, H]. kTileRowsN: the kernel's
+// query-row tile (resolve_sparse_tile).
+template <int kTileRowsN = kTileRows>
 struct SparseCursor {
   int round;
 
@@ -165,7 +168,7 @@ struct SparseCursor {
       row = round * g + ((round & 1) != 0 ? g - 1 - y : y);
       ++round;
     } while (row >= p.num_tokens);  // the last round's rows past the tokens
-    w = resolve_sparse_tile(p, blockIdx.x, row);
+    w = resolve_sparse_tile(p, blockIdx.x, row, kTileRowsN);
     if (w.row0 >= w.rows) return false;  // a tile past the token's heads (every token's)
     partial_row0 =
         (static_cast<int64_t>(blockIdx.z) * p.num_tokens + w.token0) * p.num_heads + w.row0;
