@@ -451,15 +451,15 @@ __device__ __forceinline__ void gather_e4m3_direct(const DecodeKernelParams& p, 
   }
 }
 
-// ---- fp8_ds_mla rows landed whole, one bulk copy each (the few-rows kernel's kRowPitch stages)
-// ---- Thread r (0..63) of the producer warpgroup lands row r of every block at r * kRowPitch of
-// the block's stage with one cp.async.bulk of its 656 bytes as the cache holds them (latent e4m3 at
-// 0, the four group scales at 512, the bf16 rope at 528; docs/sm90-sparse.md, fp8_ds_mla rows
-// landed whole), which the consumers read through ldmatrix (FewRowsTraits::kRowPitch). Each
-// thread's arrive on the stage's full barrier (chunk 0's, 64 arrivals) carries its row's bytes and
-// publishes its entry in slot[stage]; the block lands whole. The rows of -1 entries and of keys
-// past w.extent are zeroed by the thread's stores. Block `it` goes to stage it % kStages, phase
-// (it / kStages) % 2 (one segment per CTA, as gather_e4m3_direct).
+// ---- fp8_ds_mla rows landed whole, one bulk copy each (FewRowsTraits::kRowPitch) ----
+// Thread r (0..63) of the producer warpgroup lands row r of every block at r * kRowPitch of the
+// block's stage with one cp.async.bulk of its 656 bytes as the cache holds them (latent e4m3 at 0,
+// the four group scales at 512, the bf16 rope at 528; docs/sm90-sparse.md, fp8_ds_mla rows read as
+// they land), which the consumers read through ldmatrix. Each thread's arrive on the stage's full
+// barrier (chunk 0's, 64 arrivals) carries its row's bytes and publishes its entry in
+// slot[stage]; the block lands whole. The rows of -1 entries and of keys past w.extent are zeroed
+// by the thread's stores. Block `it` goes to stage it % kStages, phase (it / kStages) % 2 (one
+// segment per CTA, as gather_e4m3_direct).
 template <typename Traits>
 __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, const TileWork& w,
                                                  typename Traits::SharedMemoryPlan& smem, int r) {
@@ -493,8 +493,8 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
       mbar_arrive_expect_tx(bar, kRowBytes);
       bulk_copy_g2s(dst, row_at(p, slot_row16(p, e, 1)), kRowBytes, bar);
     } else {
-      // NOTE: a bulk copy from shared memory takes a cluster launch; zeros by generic stores
-      // instead, fenced for the next bulk copy into the same bytes (the async proxy).
+      // NOTE: zeros by generic stores (a bulk copy from a zero row in this CTA's shared memory
+      // faulted outside a cluster launch), fenced for the next bulk copy into the same bytes.
       for (uint32_t b = 0; b < kRowBytes; b += 16) {
         *reinterpret_cast<uint4*>(dst + b) = uint4{0, 0, 0, 0};
       }
