@@ -137,8 +137,8 @@ void expect_route(const Route& r, const SparseCase& s) {
     // A per-tensor e4m3 cache lands as e4m3 (tma::gather_e4m3_direct) unless
     // MLA_SM90_FP8_DIRECT=0, an fp8_ds_mla cache whole (tma::gather_rows_bulk) unless
     // MLA_SM90_DS_DIRECT=0.
-    const bool direct = s.ds_mla ? !off("MLA_SM90_DS_DIRECT")
-                                 : s.c.kv_dtype == kFp8 && !off("MLA_SM90_FP8_DIRECT");
+    const bool direct =
+        s.ds_mla ? !off("MLA_SM90_DS_DIRECT") : s.c.kv_dtype == kFp8 && !off("MLA_SM90_FP8_DIRECT");
     EXPECT_EQ(r.fp8_direct, direct) << "fp8_direct";
   } else if (kernel == Kernel::kSeesaw) {
     EXPECT_EQ(r.tiles, (s.c.H + 63) / 64);

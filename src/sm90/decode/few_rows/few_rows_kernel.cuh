@@ -126,7 +126,8 @@ inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == El
 // of the chunks (0): landed whole (at a pitch of 592 bytes) they ran 1 to 2% slower at B64 H16 and
 // H32 (docs/perf-notes.md, fp8_ds_mla rows landed whole).
 template <Elem KV, bool kFp8Direct, bool kSparse>
-inline constexpr int kBulkRowPitch = kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? 656 : 0;
+inline constexpr int kBulkRowPitch =
+    kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? tma::kDsMlaRowBytes : 0;
 template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false>
 using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)

@@ -131,10 +131,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
-  using Cursor =
-      std::conditional_t<kSparse,
-                         std::conditional_t<kTokenRows, tma::SparseCursor<>, tma::SparseTokenCursor>,
-                         std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
+  using Cursor = std::conditional_t<
+      kSparse, std::conditional_t<kTokenRows, tma::SparseCursor<>, tma::SparseTokenCursor>,
+      std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>>;
   static_assert(!kSparse || !(kDirect || kClean), "sparse calls: their own cursor");
   static_assert(kSparse || !kTokenRows, "token rows: sparse calls");
   // Gathered blocks: sparse calls, and the fp8_ds_mla cache (no TMA box widens it) of dense ones.

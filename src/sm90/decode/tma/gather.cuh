@@ -45,6 +45,7 @@ struct GatherFormat {
 // values (docs/contract.md section 1).
 inline constexpr int kDsMlaScaleOffset = 512;
 inline constexpr int kDsMlaRopeOffset = 528;
+inline constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + 64 * 2;  // 656
 
 // Arrivals that complete chunk c's full barrier: one per producer thread's copies (16-bit rows),
 // the one warp that widens it (e4m3 chunks), or one per copying lane of warps 0 and 1
@@ -466,7 +467,7 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
   constexpr int kStages = Traits::kStages;
   constexpr int kKeys = Traits::kKeys;
   constexpr int kPitch = Traits::kRowPitch;
-  constexpr uint32_t kRowBytes = 656;
+  constexpr uint32_t kRowBytes = kDsMlaRowBytes;
   static_assert(kKeys == 64 && kPitch >= kRowBytes && Traits::kStageElemBytes == 1,
                 "stages of 64 whole fp8_ds_mla rows");
   const int num_blocks = w.block_end - w.block_begin;
