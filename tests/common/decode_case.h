@@ -513,13 +513,33 @@ inline ::testing::AssertionResult run_decode(const mla::DecodeParams& params) {
   return ::testing::AssertionSuccess();
 }
 
+// `extra` with, where the kernel rounds P to fp16 (fp16_p), twice the oracle's fp16_p_abs added
+// to each finite row's out_abs: fp16's subnormal range, which OutTolerance::p_rel does not cover.
+inline mla_test::RowAllowance with_fp16_p(const oracle::Output& ref, int64_t rows,
+                                          const mla_test::RowAllowance* extra) {
+  mla_test::RowAllowance a;
+  if (extra != nullptr) a = *extra;
+  if (a.out_abs.empty()) a.out_abs.assign(rows, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (std::isfinite(ref.fp16_p_abs[r])) a.out_abs[r] += 2 * ref.fp16_p_abs[r];
+  }
+  return a;
+}
+
 // Every out and lse element against the oracle, and out's padding untouched. `p_rel`: the
 // allowance for probabilities rounded to 16 bits (mla_test::OutTolerance); 0 for fp32 P. `extra`
-// (optional): per-row allowances for inputs the kernel rounds (mla_test::RowAllowance).
+// (optional): per-row allowances for inputs the kernel rounds (mla_test::RowAllowance). `fp16_p`:
+// P is rounded to fp16 (with_fp16_p).
 inline void check_against_oracle(const Built& b, double p_rel = 0.0,
-                                 const mla_test::RowAllowance* extra = nullptr) {
+                                 const mla_test::RowAllowance* extra = nullptr,
+                                 bool fp16_p = false) {
   const oracle::Output ref = oracle::reference(b.in);
   const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
+  mla_test::RowAllowance with_p;
+  if (fp16_p) {
+    with_p = with_fp16_p(ref, rows, extra);
+    extra = &with_p;
+  }
   const int L = b.c.L;
   double worst_out = 0.0, worst_lse = 0.0;
   mla_test::OutTolerance tol = mla_test::out_tolerance(b.c.out_dtype);
@@ -623,11 +643,17 @@ inline void fill_outputs(Built& b, double value) {
 
 // check_against_oracle for calls with non-finite inputs: rows whose reference is NaN must be NaN
 // in every out element and in lse; every other row is compared as check_against_oracle does.
-// `p_rel` and `extra` as for check_against_oracle. Returns the number of NaN rows.
+// `p_rel`, `extra` and `fp16_p` as for check_against_oracle. Returns the number of NaN rows.
 inline int64_t check_nan_rows_against_oracle(const Built& b, double p_rel = 0.0,
-                                             const mla_test::RowAllowance* extra = nullptr) {
+                                             const mla_test::RowAllowance* extra = nullptr,
+                                             bool fp16_p = false) {
   const oracle::Output ref = oracle::reference(b.in);
   const int64_t rows = static_cast<int64_t>(b.T) * b.c.H;
+  mla_test::RowAllowance with_p;
+  if (fp16_p) {
+    with_p = with_fp16_p(ref, rows, extra);
+    extra = &with_p;
+  }
   const int L = b.c.L;
   std::vector<bool> nan_row(rows);
   int64_t nan_rows = 0;

@@ -200,7 +200,8 @@ inline bool sm90_scaled_query(const Built& b) {
   const mla::detail::sm90::Route r = route_on_device(b.params);
   return r.fp8_direct || r.kernel == Kernel::kSeesaw || (r.kernel == Kernel::kFewRows && r.sparse);
 }
-inline double sm90_p_rel(const Built& b) {
+// The type the call's route rounds P to for its P V product.
+inline mla::DataType sm90_p_dtype(const Built& b) {
   namespace dt = mla::dtype;
   mla::DataType p_dtype = b.c.kv_dtype;
   if (b.c.kv_dtype == dt::kFloat8E4M3) {
@@ -211,8 +212,14 @@ inline double sm90_p_rel(const Built& b) {
   if (p_dtype != dt::kBFloat16 && p_dtype != dt::kFloat16 && p_dtype != dt::kFloat8E4M3) {
     p_dtype = dt::kFloat32;
   }
-  return mla_test::p_rounding_rel(p_dtype) + mla_test::p_rounding_rel(b.c.out_dtype);
+  return p_dtype;
 }
+inline double sm90_p_rel(const Built& b) {
+  return mla_test::p_rounding_rel(sm90_p_dtype(b)) + mla_test::p_rounding_rel(b.c.out_dtype);
+}
+// P rounded to fp16 relative to the running max (P <= 1): below 2^-14 it is subnormal, which
+// decode_case::with_fp16_p allows for (the e4m3 routes' allowances carry their own such term).
+inline bool sm90_fp16_p(const Built& b) { return sm90_p_dtype(b) == mla::dtype::kFloat16; }
 // The per-row allowances of the call's route beyond sm90_p_rel (none but on the e4m3-cache routes
 // above).
 inline RowAllowance sm90_allowance(const Built& b) {
@@ -222,7 +229,7 @@ inline RowAllowance sm90_allowance(const Built& b) {
 }
 inline void check_sm90(const Built& b) {
   const RowAllowance extra = sm90_allowance(b);
-  decode_case::check_against_oracle(b, sm90_p_rel(b), &extra);
+  decode_case::check_against_oracle(b, sm90_p_rel(b), &extra, sm90_fp16_p(b));
 }
 
 // The sum of two sets of per-row allowances (first-order errors add).

@@ -183,7 +183,9 @@ class Buffer {
 // an ulp, 2^-9 relative for bf16 (2^-12 for fp16, in its normal range), so out moves by at most
 // 2^-9 * |bmm2_scale| * sum_j p_j |v_j| / Z = 2^-9 * ref_abs (the oracle's out_abs), which can be
 // far above rtol * |ref| where the terms cancel. We allow twice that: p_rel = 2^-8 for bf16 P and
-// 2^-11 for fp16 P; 0 where P stays fp32 (the cpu backend). A kernel that also rounds partial
+// 2^-11 for fp16 P; 0 where P stays fp32 (the cpu backend). fp16 P below 2^-14 of the running max
+// is subnormal, where its rounding is absolute: the oracle's fp16_p_abs, which the checks add
+// where a route rounds P to fp16 (decode_case::with_fp16_p). A kernel that also rounds partial
 // results adds the same term for them: the sm90 split partials o_s = bmm2 * acc_s / z_s are
 // rounded once to the out type, and out = sum_s w_s o_s with weights w_s >= 0 summing to at most
 // 1 then moves by at most 2^-9 (bf16; 2^-12 fp16) * sum_s w_s |o_s| <= the same multiple of

@@ -103,6 +103,7 @@ Output reference(const Input& in) {
   result.out.assign(static_cast<size_t>(T) * H * L, 0.0);
   result.lse.assign(static_cast<size_t>(T) * H, -std::numeric_limits<double>::infinity());
   result.out_abs.assign(static_cast<size_t>(T) * H * L, 0.0);
+  result.fp16_p_abs.assign(static_cast<size_t>(T) * H, 0.0);
 
   // Query tokens in order: (request, token within it).
   std::vector<std::pair<int, int>> tokens;
@@ -135,6 +136,7 @@ Output reference(const Input& in) {
       std::fill(out, out + L, nan);
       std::fill(out_abs, out_abs + L, nan);
       result.lse[static_cast<size_t>(t) * H + h] = nan;
+      result.fp16_p_abs[static_cast<size_t>(t) * H + h] = nan;
       return;
     }
 
@@ -158,13 +160,24 @@ Output reference(const Input& in) {
     const double m = in.has_sinks ? std::max(s_max, in.sinks.at(h)) : s_max;
     double z = in.has_sinks ? std::exp(in.sinks.at(h) - m) : 0.0;
     for (double v : s) z += std::exp(v - m);
+    std::vector<double> tiny;  // sum_j min(e_j, 2^-25) |v_jl| over the keys with e_j < 2^-14
     for (size_t a = 0; a < slots.size(); ++a) {
-      const double p = std::exp(s[a] - m) / z;
+      const double e = std::exp(s[a] - m);
+      const double p = e / z;
       const double* v = &in.kv.at(static_cast<size_t>(slots[a]) * D);
       for (int l = 0; l < L; ++l) {
         out[l] += p * v[l];
         out_abs[l] += p * std::fabs(v[l]);
       }
+      if (e < std::ldexp(1.0, -14)) {
+        if (tiny.empty()) tiny.assign(L, 0.0);
+        const double w = std::min(e, std::ldexp(1.0, -25));
+        for (int l = 0; l < L; ++l) tiny[l] += w * std::fabs(v[l]);
+      }
+    }
+    if (!tiny.empty()) {
+      result.fp16_p_abs[static_cast<size_t>(t) * H + h] =
+          std::fabs(in.bmm2_scale) * *std::max_element(tiny.begin(), tiny.end()) / z;
     }
     for (int l = 0; l < L; ++l) {
       out[l] *= in.bmm2_scale;

@@ -61,6 +61,12 @@ struct Output {
   // [T, H, L] |bmm2_scale| * sum_j p_j |v_jl| / Z (Z with the sink, as for out): the size of the
   // terms that out sums, an error scale for kernels that round each p_j (0 for an empty set).
   std::vector<double> out_abs;
+  // [T, H] |bmm2_scale| * max_l sum_j min(e_j, 2^-25) |v_jl| / Z over the keys whose e_j =
+  // exp(s_j - m) is below 2^-14 (m the row's largest score or sink): how far rounding each e_j to
+  // fp16 can move out beyond the 2^-11 relative that out_abs carries, fp16 being subnormal there
+  // (spacing 2^-24; a kernel's P is relative to a running max at most m, so its rounding moves
+  // e_j by at most min(e_j, 2^-25)). 0 where no key is that small; NaN for a NaN row.
+  std::vector<double> fp16_p_abs;
 };
 
 // The attended key set of query token i of request b as KV pool rows (duplicates kept, in order).

@@ -88,6 +88,26 @@ TEST(Oracle, OutAbsSumsMagnitudes) {
   EXPECT_EQ(r.out_abs[0], 0.0);
 }
 
+TEST(Oracle, Fp16PAbsCountsTheKeysBelowFp16sNormalRange) {
+  // q = [0, x]: s0 = 0 (v0 = 2), s1 = x (v1 = 0) the max, so e0 = exp(-x).
+  auto with_gap = [](double x) {
+    oracle::Input in = two_keys(2, 1);
+    in.query[1] = x;
+    return in;
+  };
+  oracle::Output r = oracle::reference(with_gap(5.0));  // e0 ~ 6.7e-3, above 2^-14: nothing
+  EXPECT_EQ(r.fp16_p_abs[0], 0.0);
+  r = oracle::reference(with_gap(12.0));  // e0 ~ 6.1e-6, in [2^-25, 2^-14): half fp16's spacing
+  EXPECT_NEAR(r.fp16_p_abs[0], 2.0 * std::ldexp(1.0, -25) / (1.0 + std::exp(-12.0)), 1e-22);
+  oracle::Input in = with_gap(20.0);  // e0 ~ 2.1e-9, below 2^-25: e0 itself
+  in.bmm2_scale = -3.0;
+  r = oracle::reference(in);
+  EXPECT_NEAR(r.fp16_p_abs[0], 3.0 * 2.0 * std::exp(-20.0) / (1.0 + std::exp(-20.0)), 1e-22);
+  in.query[0] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(oracle::reference(in).fp16_p_abs[0]));
+  EXPECT_EQ(oracle::reference(two_keys(0, 1)).fp16_p_abs[0], 0.0);  // empty set
+}
+
 TEST(Oracle, EmptySetGivesZeroAndMinusInf) {
   oracle::Input in = two_keys(0, 1);
   oracle::Output r = oracle::reference(in);

@@ -1704,7 +1704,7 @@ int64_t run_with_nan_rows_on_gpu(Built& b) {
   EXPECT_TRUE(run_on_gpu(call.params));
   call.download(b);
   const mla_test::RowAllowance extra = sm90_allowance(b);
-  return check_nan_rows_against_oracle(b, sm90_p_rel(b), &extra);
+  return check_nan_rows_against_oracle(b, sm90_p_rel(b), &extra, sm90_fp16_p(b));
 }
 
 TEST(Sm90DecodeNaN, QueryRowKeyAndScale) {

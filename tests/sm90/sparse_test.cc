@@ -623,7 +623,7 @@ int64_t run_with_nan_rows(Prepared& p, const SparseCase& s) {
   }
   if (p.ds_mla) return check_nan_rows_against_oracle(*p.b, mla_test::p_rounding_rel(s.c.out_dtype));
   const mla_test::RowAllowance extra = sm90_allowance(*p.b);
-  return check_nan_rows_against_oracle(*p.b, sm90_p_rel(*p.b), &extra);
+  return check_nan_rows_against_oracle(*p.b, sm90_p_rel(*p.b), &extra, sm90_fp16_p(*p.b));
 }
 
 TEST(Sm90SparseNaN, KeysValuesQueriesAndScales) {
