@@ -347,8 +347,9 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cu
     return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, stream, pdl);
   }
   const bool direct = route.fp8_direct;
-  if (route.few_rows == 16)
+  if (route.few_rows == 16) {
     return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct);
+  }
   if constexpr (KV == Elem::kFp8DsMla) {
     return cudaErrorInvalidValue;  // fp8_ds_mla rows take it at 16 rows only (route.cc, family_of)
   } else {

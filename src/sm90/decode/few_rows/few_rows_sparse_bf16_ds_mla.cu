@@ -1,5 +1,5 @@
 // Few-rows decode kernel for sparse calls, bf16 query over an fp8_ds_mla kv_cache, 16 padded query
-// rows (17..32 heads take the seesaw kernel: route.cc).
+// rows (17..32 heads take two tiles of 16 heads a token; route.cc, sparse_few_rows_tiles).
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"
 
 namespace mla::sm90::few_rows {
