@@ -205,6 +205,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       return;
     } else if constexpr (F::kFp8Cache) {
       // fp8 cache: lane q of warp 0 issues page piece q into the landing areas, warps 1..3 widen.
+      // A block's left half lands once consumer 0 has released V_L, before consumer 1 releases
+      // the rest (tma/fp8_ring.cuh, split landing).
       const bool issuer = threadIdx.x < issuers;
       if (threadIdx.x >= 32 || issuer) {
         if (issuer) tma::prefetch_tensor_map(&kv_map);
@@ -212,10 +214,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         tma::walk_segments<Cursor>(
             p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
               if (issuer) {
-                tma::issue_fp8_chunks<Traits, kDirect>(p, w, &kv_map, smem, threadIdx.x, u0, u1);
+                tma::issue_fp8_chunks<Traits, kDirect>(p, w, &kv_map, smem, threadIdx.x, u0, u1,
+                                                       true);
               } else {
                 tma::widen_fp8_chunks<Traits>(w, smem, threadIdx.x - 32, u0, u1,
-                                              barrier_id(NamedBarrier::kWiden));
+                                              barrier_id(NamedBarrier::kWiden), true);
               }
             });
       }

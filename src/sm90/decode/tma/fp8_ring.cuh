@@ -1,8 +1,9 @@
 // The K-block ring of the TMA kernels over an fp8 (e4m3) cache: each block's e4m3 bytes land in
-// the upper half of its 16-bit stage, and warps 1..3 of the producer warpgroup widen them in place,
-// chunk by chunk, into the 16-bit layout the consumers read (docs/sm90-fp8.md). The consumers'
-// code is the 16-bit kernels' own: they wait on the same full barriers, which the widening warps
-// complete instead of the copy engine.
+// the upper half of its 16-bit stage (the seesaw kernel: the left half's in the upper half of V_L,
+// once V_L is free), and warps 1..3 of the producer warpgroup widen them in place, chunk by chunk,
+// into the 16-bit layout the consumers read (docs/sm90-fp8.md). The consumers' code is the 16-bit
+// kernels' own: they wait on the same full barriers, which the widening warps complete instead of
+// the copy engine.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -45,6 +46,19 @@ template <typename Traits>
 inline constexpr uint32_t kLandingOffset = Traits::kKeys* Traits::kD;  // 2-byte stage: half
 template <typename Traits>
 inline constexpr uint32_t kFp8ChunkBytes = Traits::kKeys* Traits::kChunkCols;
+// Split landing (`split`; the seesaw kernel, whose consumer 0 releases V_L before consumer 1
+// releases the rest): the left half's e4m3 chunks 0..3 land in the upper half of V_L instead,
+// bytes [16 KB, 32 KB), once consumer 0 has released V_L, and widen while consumer 1 still holds
+// the right half; widened chunk c (< 4) then covers e4m3 chunks 2c - 4 and 2c - 3 only. Chunks
+// 4..8 land as above, after consumer 1's release. (The few-rows kernel widens a ring only with
+// MLA_SM90_FP8_DIRECT=0, and lands whole there: not measured.)
+template <typename Traits>
+inline constexpr uint32_t kLeftLandingOffset = 2 * Traits::kKeys * 128;
+template <typename Traits>
+__device__ __forceinline__ uint32_t fp8_landing_of(int c, bool split) {
+  return split && c < 4 ? kLeftLandingOffset<Traits> + c * kFp8ChunkBytes<Traits>
+                        : kLandingOffset<Traits> + c * kFp8ChunkBytes<Traits>;
+}
 
 // Issues the e4m3 boxes of the run's blocks into the stages' landing areas: issuer `piece` (lane
 // `piece` of producer warp 0) loads page piece `piece` of every chunk, as produce_chunks does for
@@ -54,7 +68,8 @@ template <typename Traits, bool kEvictFirst = false>
 __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, const TileWork& w,
                                                  const CUtensorMap* kv_map,
                                                  typename Traits::SharedMemoryPlan& smem, int piece,
-                                                 uint32_t used0, uint32_t used1) {
+                                                 uint32_t used0, uint32_t used1,
+                                                 bool split = false) {
   static_assert(Traits::kStages == 2, "blocks alternate between two stages");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);
@@ -69,15 +84,17 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
     const bool has = key < w.extent;  // a piece past the extent is neither looked up nor loaded
     const int page = has ? table[key >> p.page_shift] : 0;
     const int row_in_page = key & (p.page_size - 1);
-    uint8_t* landing = reinterpret_cast<uint8_t*>(smem.k[stage]) + kLandingOffset<Traits>;
+    uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[stage]);
     mbar_wait(&smem.empty_l[stage], phase ^ 1);
-    mbar_wait(&smem.empty_r[stage], phase ^ 1);
+    if (!split) mbar_wait(&smem.empty_r[stage], phase ^ 1);
 #pragma unroll 1
     for (int c = 0; c < Traits::kChunks; ++c) {
+      if (split && c == 4) mbar_wait(&smem.empty_r[stage], phase ^ 1);
       uint64_t* bar = &smem.landed[stage][c];
       mbar_arrive_expect_tx(bar, has ? box_bytes : 0u);
       if (has) {
-        uint8_t* dst = landing + c * kFp8ChunkBytes<Traits> + piece_key * Traits::kChunkCols;
+        uint8_t* dst =
+            stage_bytes + fp8_landing_of<Traits>(c, split) + piece_key * Traits::kChunkCols;
         if constexpr (kEvictFirst) {
           tma_load_3d_hint(dst, kv_map, bar, p.chunk_box[c], row_in_page, page, policy);
         } else {
@@ -103,7 +120,8 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
 template <typename Traits>
 __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
                                                  typename Traits::SharedMemoryPlan& smem, int tid,
-                                                 uint32_t used0, uint32_t used1, uint32_t barrier) {
+                                                 uint32_t used0, uint32_t used1, uint32_t barrier,
+                                                 bool split = false) {
   using T16 =
       std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
   constexpr int kPieces = kFp8ChunkBytes<Traits> / 16;  // 256 per chunk
@@ -121,6 +139,7 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
   // (the few-rows kernel's segment walk left a lane of 56 registers short).
   const uint32_t phases = (used0 & 1) | ((used1 & 1) << 1);
   const int num_blocks = w.block_end - w.block_begin;
+  static_assert(kRounds == 3, "the split landing's rounds: {0, 1, 2}, {3, 4, 5}, {6, 7, 8}");
 #pragma unroll 1
   for (int it = 0; it < num_blocks; ++it) {
     const int stage = it & 1;
@@ -131,7 +150,7 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
     for (int r = 0; r < kRounds; ++r) {
       const int c = r * kWidenWarps + warp;
       mbar_wait(&smem.landed[stage][c], phase);
-      const uint8_t* src = bytes + kLandingOffset<Traits> + c * kFp8ChunkBytes<Traits> + lane * 16;
+      const uint8_t* src = bytes + fp8_landing_of<Traits>(c, split) + lane * 16;
       uint4 v[kPerLane];
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * 512);
@@ -144,8 +163,15 @@ __device__ __forceinline__ void widen_fp8_chunks(const TileWork& w,
         }
       }
       // NOTE: chunk c (>= 4) overwrites e4m3 chunks 2c - 9 and 2c - 8: chunks of earlier rounds
-      // or of this one (chunk 8 itself), all read by every warp before this barrier.
-      if (r > 0) named_barrier_sync(barrier, kWidenThreads);
+      // or of this one (chunk 8 itself), all read by every warp before this barrier. Split
+      // landing: chunk 2 overwrites e4m3 chunks 0 and 1 (this round), chunk 3 chunks 2 (round 0)
+      // and 3 (its own, read by every lane of the warp before the warp's sync), chunks 4 and 5
+      // nothing, chunks 6..8 as above: no barrier in round 1.
+      if (split ? r != 1 : r > 0) {
+        named_barrier_sync(barrier, kWidenThreads);
+      } else if (split) {
+        __syncwarp();
+      }
       uint8_t* dst = bytes + c * Traits::kKeys * 128;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
