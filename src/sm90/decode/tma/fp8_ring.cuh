@@ -55,6 +55,9 @@ inline constexpr uint32_t kFp8ChunkBytes = Traits::kKeys* Traits::kChunkCols;
 template <typename Traits>
 inline constexpr uint32_t kLeftLandingOffset = 2 * Traits::kKeys * 128;
 template <typename Traits>
+inline constexpr bool kLeftLandingFits =
+    kLeftLandingOffset<Traits> + 4 * kFp8ChunkBytes<Traits> == 4 * Traits::kKeys * 128;
+template <typename Traits>
 __device__ __forceinline__ uint32_t fp8_landing_of(int c, bool split) {
   return split && c < 4 ? kLeftLandingOffset<Traits> + c * kFp8ChunkBytes<Traits>
                         : kLandingOffset<Traits> + c * kFp8ChunkBytes<Traits>;
@@ -71,6 +74,7 @@ __device__ __forceinline__ void issue_fp8_chunks(const DecodeKernelParams& p, co
                                                  uint32_t used0, uint32_t used1,
                                                  bool split = false) {
   static_assert(Traits::kStages == 2, "blocks alternate between two stages");
+  static_assert(kLeftLandingFits<Traits>, "the left half's e4m3 chunks fill V_L's upper half");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.block_table_stride;
