@@ -45,6 +45,11 @@ enum class Fp8Barrier : uint32_t {
   kLocalSecond = 5,
 };
 
+// kVt: V^T transposed by the producer warpgroup's warps that issue no boxes into two K-major
+// buffers (one per block parity, with the block's P beside it), P V as SS wgmmas from there, two
+// partials in flight; a ring of three stages, each released once its owner's S and the transpose
+// have read it (docs/sm90-fp8.md, "V^T transposed by the producer warps").
+template <bool kVt>
 struct Fp8SeesawTraits {
   using T = cute::float_e4m3_t;
   static constexpr int kThreads = 384;
@@ -53,7 +58,7 @@ struct Fp8SeesawTraits {
   static constexpr int kKeys = 64;  // keys per block (N of S)
   static constexpr int kD = 576;
   static constexpr int kL = 512;
-  static constexpr int kStages = 4;  // block i in stage i % 4: consumer c's in c and c + 2
+  static constexpr int kStages = kVt ? 3 : 4;  // block i in stage i % kStages
   static constexpr int kColsPerWg = kL / 2;
   static constexpr int kChunkCols = 64;  // e4m3 bytes per row of a chunk (64-byte swizzle)
   static constexpr int kStageElemBytes = 1;
@@ -65,7 +70,8 @@ struct Fp8SeesawTraits {
   static_assert(kRows * kKeys == kKeys * kChunkCols, "P (rows x keys, e4m3) fills the rope chunk");
 
   using QkAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
-  using PvAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
+  using PvAtom = std::conditional_t<kVt, cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
+                                    cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>>;
   using KAtom = cute::GMMA::Layout_K_SW64_Atom<T>;
   using SmemLayoutQ =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
@@ -74,12 +80,21 @@ struct Fp8SeesawTraits {
   // P^T as O^T's B operand: N = rows, K = keys (the k slots of few_rows::fp8_p_slot), K-major.
   using SmemLayoutP =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
+  // kVt: an m tile of V^T as O^T's A operand: 64 V columns (the GMMA rows, few_rows::fp8_o_row)
+  // x 64 k slots (few_rows::fp8_p_slot), K-major; a buffer holds the 8 m tiles one after another.
+  using SmemLayoutVt =
+      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<64>, cute::Int<kKeys>>{}));
+  static constexpr int kVtBufs = kVt ? 2 : 1;
+  static constexpr int kVtElems = kVt ? kL * kKeys : 16;
+  static constexpr int kPElems = kVt ? kRows * kKeys : 16;
   using TiledMmaQk = decltype(cute::make_tiled_mma(QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(PvAtom{}));
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
-    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK; P in the rope chunk
+    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK; !kVt: P in the rope chunk
+    alignas(1024) T vt[kVtBufs][kVtElems];   // kVt: block parity b's V^T (SmemLayoutVt tiles)
+    alignas(1024) T p[kVtBufs][kPElems];     // kVt: and its P (SmemLayoutP)
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
     float row_sum[kRows];      // consumer 1's row sums at the segment's end
@@ -88,8 +103,13 @@ struct Fp8SeesawTraits {
     float out_scale[kRows];    // and what its O is multiplied by
     const uint4* query_row[kRows];
     uint64_t full[kStages][kChunks];
-    uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer-0 warp
-    uint64_t empty_r[kStages];  // chunks 4..8 read (V_R, P): one arrive per consumer-1 warp
+    // !kVt: chunks 0..3 read, one arrive per consumer-0 warp (empty_l); chunks 4..8 (V_R, P),
+    // per consumer-1 warp (empty_r). kVt: one arrive per warp of the block's owner after its S and
+    // per transposing warp after its reads of chunks 0..3 (empty_l) and 4..7 (empty_r).
+    uint64_t empty_l[kStages];
+    uint64_t empty_r[kStages];
+    uint64_t vt_full[kVtBufs];   // kVt: one arrive per transposing warp, after its proxy fence
+    uint64_t vt_empty[kVtBufs];  // kVt: one arrive per consumer warp after its P V of the block
   };
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
@@ -97,22 +117,106 @@ struct Fp8SeesawTraits {
 
 __device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_cast<uint32_t>(b); }
 
+// kVt: transposing warp `tw` of `nt` (producer warps that issue no boxes) walks the CTA's segments
+// as the producer does and writes each block's V^T into buffer it % 2: the 32 units of (m tile,
+// 16 V columns) are few_rows::load_fp8_v_fragment's fragments (the RS route's A registers, its
+// row relabelling and k slots), stored where an SS wgmma reads the same operand; units of chunks
+// 0..3 first, then empty_l, the rest, then empty_r. V rows past the extent become 0 and the draft
+// keys some row of the tile does not attend lose their non-finite values, as the owner cleans the
+// stage on the RS route (tma::clean_v_rows_e4m3).
+template <typename Traits, typename Cursor>
+__device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
+                                            typename Traits::SharedMemoryPlan& smem, int tw,
+                                            int nt) {
+  constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys;
+  constexpr int kTileBytes = 64 * kKeys;  // one m tile of V^T
+  const int lane = threadIdx.x & 31;
+  const int q = lane & 3, g = lane >> 2;
+  uint32_t vt_used = 0;  // parities of the blocks each buffer held before the segment
+  uint32_t used0, used1;
+  tma::walk_segments<Cursor, kStages>(p, used0, used1, [&](const tma::TileWork& w, uint32_t u0,
+                                                           uint32_t) {
+    const int tile_limit =
+        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
+    for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+      const int stage = it % kStages;
+      const uint32_t phase = ((u0 >> stage) + it / kStages) & 1;
+      const int buf = it & 1;
+      const uint32_t vphase = ((vt_used >> buf) + (it >> 1)) & 1;
+      const int key0 = block * kKeys;
+      const int valid = min(kKeys, w.extent - key0);
+      const int clean0 = min(valid, max(0, tile_limit - key0));
+      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
+      uint8_t* vt = reinterpret_cast<uint8_t*>(smem.vt[buf]);
+      tma::mbar_wait(&smem.vt_empty[buf], vphase ^ 1);
+      auto unit = [&](int u) {
+        const int m = u >> 2, w4 = u & 3;
+        tma::mbar_wait(&smem.full[stage][m], phase);
+        uint32_t a[2][4];
+        few_rows::load_fp8_v_fragment(stage_addr, m, w4, lane, a);
+        if (clean0 < kKeys) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                // k slot 4 q + j of the group: keys 2q, 8 + 2q, 2q + 1, 9 + 2q (fp8_p_slot)
+                const int key = 32 * k + 16 * (i >> 1) + 8 * (j & 1) + 2 * q + (j >> 1);
+                const uint32_t byte = (a[k][i] >> (8 * j)) & 0xffu;
+                if (key >= clean0 && (key >= valid || (byte & 0x7fu) == 0x7fu)) {
+                  a[k][i] &= ~(0xffu << (8 * j));
+                }
+              }
+            }
+          }
+        }
+        // Register i of k step k: GMMA row 16 w4 + g (+ 8 for odd i), k slots 32 k + 4 q .. + 3
+        // (+ 16 for i >= 2).
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int row = 16 * w4 + g + 8 * (i & 1);
+            const int slot = 32 * k + 16 * (i >> 1) + 4 * q;
+            *reinterpret_cast<uint32_t*>(vt + m * kTileBytes +
+                                         tma::swizzled_offset_e4m3(row, slot, 64)) = a[k][i];
+          }
+        }
+      };
+      for (int u = tw; u < 16; u += nt) unit(u);
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(&smem.empty_l[stage]);
+      for (int u = 16 + tw; u < 32; u += nt) unit(u);
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(&smem.empty_r[stage]);
+      tma::fence_proxy_async_smem();
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(&smem.vt_full[buf]);
+    }
+    const uint32_t n = w.block_end - w.block_begin;
+    vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
+  });
+}
+
 // kDirect: a call of one request (the direct split): blockIdx.y = run of equal runs of the tile's
 // blocks (tma::SplitCursor), partials in the uniform layout.
-template <Elem Q, Elem KV, bool kDirect>
-__global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
+template <Elem Q, Elem KV, bool kDirect, int kVtPartials>
+__global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 1)
     seesaw_fp8_kernel(const __grid_constant__ DecodeKernelParams p,
                       const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
-  using Traits = Fp8SeesawTraits;
-  using Plan = Traits::SharedMemoryPlan;
+  constexpr bool kVt = kVtPartials > 0;
+  using Traits = Fp8SeesawTraits<kVt>;
+  using Plan = typename Traits::SharedMemoryPlan;
   using tma::mbar_arrive;
   using tma::mbar_wait;
   using tma::named_barrier_arrive;
   using tma::named_barrier_sync;
   using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
+  constexpr int kStages = Traits::kStages;
   constexpr int kCols = kRows / 4;  // rows (N columns of O^T) per thread: 16
   constexpr int kPartialChunks = 3;
   constexpr float kPShift = 8.0f;  // P' = 2^8 exp2(s - m) <= 2^8 (e4m3's largest finite: 448)
@@ -124,19 +228,42 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  tma::init_ring_barriers<Traits>(smem, issuers);
+  // kVt: the producer warps that issue no boxes transpose V (the launch takes kVt only where
+  // there is at least one: pages of 32 keys and up).
+  const int transposers = 4 - issuers;
+  if constexpr (kVt) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        for (int c = 0; c < Traits::kChunks; ++c) tma::mbar_init(&smem.full[s][c], issuers);
+        tma::mbar_init(&smem.empty_l[s], 4 + transposers);
+        tma::mbar_init(&smem.empty_r[s], 4 + transposers);
+      }
+      for (int b = 0; b < 2; ++b) {
+        tma::mbar_init(&smem.vt_full[b], transposers);
+        tma::mbar_init(&smem.vt_empty[b], 8);
+      }
+      tma::fence_mbar_init();
+    }
+    __syncthreads();
+  } else {
+    tma::init_ring_barriers<Traits>(smem, issuers);
+  }
 
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     tma::regs_dealloc<Traits::kProducerRegs>();
     const int piece = threadIdx.x / 32;
-    if (piece < issuers && threadIdx.x % 32 == 0) {
-      tma::prefetch_tensor_map(&kv_map);
-      uint32_t used0, used1;
-      tma::walk_segments<Cursor, Traits::kStages>(
-          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-            tma::produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, u0, u1);
-          });
+    if (piece < issuers) {
+      if (threadIdx.x % 32 == 0) {
+        tma::prefetch_tensor_map(&kv_map);
+        uint32_t used0, used1;
+        tma::walk_segments<Cursor, kStages>(
+            p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+              tma::produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, u0, u1);
+            });
+      }
+    } else if constexpr (kVt) {
+      transpose_v<Traits, Cursor>(p, smem, piece - issuers, transposers);
     }
     return;
   }
@@ -149,19 +276,29 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
 
-  Traits::TiledMmaQk mma_qk;
-  Traits::TiledMmaPv mma_pv;
+  typename Traits::TiledMmaQk mma_qk;
+  typename Traits::TiledMmaPv mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(wtid);
   auto thr_pv = mma_pv.get_thread_slice(wtid);
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q), Traits::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 18)
+  using SmemLayoutK = typename Traits::SmemLayoutK;
+  using SmemLayoutP = typename Traits::SmemLayoutP;
+  using SmemLayoutVt = typename Traits::SmemLayoutVt;
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor tSrT = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Traits::kColsPerWg>, Int<kRows>>{});
   Tensor tOrT = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
-  Tensor tOrA = thr_pv.partition_fragment_A(
-      make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));  // (MMA,1,2)
+  // !kVt: V^T's registers (MMA, 1, 2); kVt: the second partial.
+  auto tOrA = [&] {
+    if constexpr (kVt) {
+      return partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+    } else {
+      return thr_pv.partition_fragment_A(
+          make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));
+    }
+  }();
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
   Tensor tOcO =
       thr_pv.partition_C(make_identity_tensor(Shape<Int<Traits::kColsPerWg>, Int<kRows>>{}));
@@ -182,7 +319,8 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     if (cute::elect_one_sync()) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
   };
 
-  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bits 0..3)
+  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bit: stage)
+  uint32_t vt_used = 0;  // kVt: the same for the two buffers
   if constexpr (kDirect) {
     tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, 1>(p, 0, blockIdx.x * kRows, ctid);
   }
@@ -242,61 +380,117 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     float row_max[2] = {kNegInf, kNegInf};
     float row_sum[2] = {0.0f, 0.0f};
 
-    // O^T = a O^T + V^T P^T of the block in `stage` (P in its rope chunk), over this consumer's
-    // V columns; a of the thread's 16 rows read where `owner` left them (per m tile: held across
-    // the GEMMs, the 16 factors spilled). Waits for its GEMMs.
-    auto pv_gemm = [&](int stage, int par, int owner) {
-      Tensor sP =
-          make_tensor(make_smem_ptr(reinterpret_cast<Traits::T*>(
-                          reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
-                      Traits::SmemLayoutP{});
-      Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-      uint32_t frag[2][2][4];  // [tile parity][k step][register]
-      auto load = [&](int m) {
-        few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
-                                      frag[m & 1]);
-      };
-      auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
-      // NOTE: one partial: O^T (128 registers), two partials and the fragments would not fit.
-      load(0);
-      issue(0);
+    // O^T's m tile m += a V^T P^T of a partial t, a of the thread's 16 rows read where `owner`
+    // left them. Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one
+    // factor pair a load.
+    auto promote = [&](int m, auto& t, int par, int owner) {
+      warpgroup_fence_operand(t);
       CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        if (m + 1 < 4) load(m + 1);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrT);
-        // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor
-        // pair a load.
+      for (int j = 0; j < size(t) / 4; ++j) {
+        const float2 f =
+            *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
         CUTE_UNROLL
-        for (int j = 0; j < size(tOrT) / 4; ++j) {
-          const float2 f =
-              *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
-          CUTE_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int i = 4 * j + e;
-            tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), tOrT(i));
-          }
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * j + e;
+          tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), t(i));
         }
-        if (m + 1 < 4) issue(m + 1);
+      }
+    };
+    // O^T = a O^T + V^T P^T of a block over this consumer's V columns. Waits for its GEMMs.
+    // !kVt: the block in `stage` (P in its rope chunk), V^T from registers, one partial (O^T's
+    // 128 registers, two partials and the fragments would not fit). kVt: V^T and P in buffer
+    // `buf` once its transpose has landed (phase `vphase`), SS wgmmas, two partials in flight.
+    auto pv_gemm = [&](int stage, int buf, int par, int owner, uint32_t vphase) {
+      if constexpr (kVt) {
+        tma::mbar_wait(&smem.vt_full[buf], vphase);
+        Tensor sP = make_tensor(make_smem_ptr(smem.p[buf]), SmemLayoutP{});
+        Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
+        auto issue = [&](int m, auto& t) {
+          Tensor sV = make_tensor(
+              make_smem_ptr(smem.vt[buf] + (Traits::kLeftChunks * cw + m) * 64 * kKeys),
+              SmemLayoutVt{});
+          Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 1, 2)
+          warpgroup_fence_operand(t);
+          warpgroup_arrive();
+          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+          CUTE_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            cute::gemm(mma_pv, tOrV(_, _, k), tOrP(_, _, k), t);
+            mma_pv.accumulate_ = GMMA::ScaleOut::One;
+          }
+          warpgroup_commit_batch();
+        };
+        if constexpr (kVtPartials == 1) {
+          CUTE_UNROLL
+          for (int m = 0; m < 4; ++m) {
+            issue(m, tOrT);
+            warpgroup_wait<0>();
+            promote(m, tOrT, par, owner);
+          }
+        } else {
+        issue(0, tOrT);
+        issue(1, tOrA);
+        warpgroup_wait<1>();
+        promote(0, tOrT, par, owner);
+        issue(2, tOrT);
+        warpgroup_wait<1>();
+        promote(1, tOrA, par, owner);
+        issue(3, tOrA);
+        warpgroup_wait<1>();
+        promote(2, tOrT, par, owner);
+        warpgroup_wait<0>();
+        promote(3, tOrA, par, owner);
+        }
+      } else {
+        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
+                                    reinterpret_cast<uint8_t*>(smem.k[stage]) +
+                                    Traits::kRopeChunkBytes)),
+                                SmemLayoutP{});
+        Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
+        const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
+        uint32_t frag[2][2][4];  // [tile parity][k step][register]
+        auto load = [&](int m) {
+          few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
+                                        frag[m & 1]);
+        };
+        auto issue = [&](int m) {
+          few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]);
+        };
+        load(0);
+        issue(0);
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          if (m + 1 < 4) load(m + 1);
+          warpgroup_wait<0>();
+          promote(m, tOrT, par, owner);
+          if (m + 1 < 4) issue(m + 1);
+        }
       }
       warpgroup_fence_operand(tOrO);
+    };
+    // kVt: one arrive per warp on buffer b's empty barrier once its P V is done.
+    auto release_vt = [&](int b) {
+      __syncwarp();
+      if (cute::elect_one_sync()) mbar_arrive(&smem.vt_empty[b]);
     };
     const int num_blocks = w.block_end - w.block_begin;
     for (int round = 0; 2 * round < num_blocks; ++round) {
       const int par = round & 1;
       const bool has_odd = 2 * round + 1 < num_blocks;
       const bool mine = cw == 0 || has_odd;
-      // Block 2 round + c in stage c + 2 (round % 2), each stage used every other round.
-      const int stage0 = __shfl_sync(0xffffffffu, 2 * par, 0);
-      const int stage1 = stage0 + 1;
+      // Block i = 2 round + c in stage i % kStages (four stages: c + 2 (round % 2), each stage
+      // used every other round); kVt: V^T and P of block 2 round + c in buffer c.
+      const int stage0 = __shfl_sync(0xffffffffu, (2 * round) % kStages, 0);
+      const int stage1 = kStages == 4 ? stage0 + 1 : (2 * round + 1) % kStages;
       const int own_stage = cw == 0 ? stage0 : stage1;
-      const uint32_t phase = ((used >> own_stage) + (round >> 1)) & 1;
+      const uint32_t phase = ((used >> own_stage) + (2 * round + cw) / kStages) & 1;
+      const uint32_t vphase0 = ((vt_used >> 0) + round) & 1;
+      const uint32_t vphase1 = ((vt_used >> 1) + round) & 1;
       const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
 
       if (mine) {
         // ---- qk_gemm: S = Q K^T, three partials of three chunks, each chunk issued as it lands
-        Tensor sK = make_tensor(make_smem_ptr(smem.k[own_stage]), Traits::SmemLayoutK{});
+        Tensor sK = make_tensor(make_smem_ptr(smem.k[own_stage]), SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 18)
         auto issue = [&](int c0, auto& t) {
           warpgroup_fence_operand(t);
@@ -324,6 +518,14 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         issue(2 * kPartialChunks, tSrT);
         warpgroup_wait<0>();
         add();
+        if constexpr (kVt) {
+          // S was the consumers' last read of the stage (V^T and P live in the buffers).
+          __syncwarp();
+          if (cute::elect_one_sync()) {
+            mbar_arrive(&smem.empty_l[own_stage]);
+            mbar_arrive(&smem.empty_r[own_stage]);
+          }
+        }
       }
 
       float m_in[2];
@@ -394,9 +596,14 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
           row_sum[slot] += tSrS(v);
         }
         // P: keys 16g + {2q, 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3
-        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys.
+        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys. kVt: into buffer
+        // cw once both consumers' P V of its last block are done.
         uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
         uint8_t* p_bytes = stage_bytes + Traits::kRopeChunkBytes;
+        if constexpr (kVt) {
+          p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
+          tma::mbar_wait(&smem.vt_empty[cw], (cw == 0 ? vphase0 : vphase1) ^ 1);
+        }
         const int q = lane & 3;
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
@@ -416,7 +623,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         // other consumer reads its V columns after the hand-off).
         const int valid = min(kKeys, w.extent - key0);
         const int clean0 = min(valid, max(0, tile_limit - key0));
-        if (clean0 < kKeys) {
+        if (!kVt && clean0 < kKeys) {  // kVt: transpose_v cleans V^T
           tma::clean_v_rows_e4m3(stage_bytes, kKeys, kL / Traits::kChunkCols, clean0, valid, wtid,
                                  128);
         }
@@ -440,13 +647,21 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
       }
       if (cw == 1) {
         // ---- O_R = a0 O_R + V0_R^T P0^T ----
-        pv_gemm(stage0, par, 0);
-        release(stage0);
+        pv_gemm(stage0, 0, par, 0, vphase0);
+        if constexpr (kVt) {
+          release_vt(0);
+        } else {
+          release(stage0);
+        }
       }
       if (mine) {
         // ---- this consumer's own block: O^T = a O^T + V^T P^T ----
-        pv_gemm(own_stage, par, cw);
-        release(own_stage);
+        pv_gemm(own_stage, cw, par, cw, cw == 0 ? vphase0 : vphase1);
+        if constexpr (kVt) {
+          release_vt(cw);
+        } else {
+          release(own_stage);
+        }
       }
 
       if (cw == 0 && has_odd) {
@@ -457,8 +672,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
           row_max[s] = smem.max[par][1][my_row[s]];
           row_sum[s] *= smem.scale[par][1][my_row[s]];
         }
-        pv_gemm(stage1, par, 1);
-        release(stage1);
+        pv_gemm(stage1, 1, par, 1, vphase1);
+        if constexpr (kVt) {
+          release_vt(1);
+        } else {
+          release(stage1);
+        }
       }
     }
 
@@ -528,24 +747,45 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         }
       }
     }
-    // The blocks each stage held, as the producer counts (block i in stage i % 4).
+    // The blocks each stage and buffer held, as the producer and transpose_v count (block i in
+    // stage i % kStages, buffer i % 2).
     // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its
     // load; out_row, out_scale and row_nan are read above before any thread gets there.
     const uint32_t n = num_blocks;
 #pragma unroll
-    for (uint32_t st = 0; st < 4; ++st) used ^= (((n + 3 - st) / 4) & 1) << st;
+    for (uint32_t st = 0; st < kStages; ++st) {
+      used ^= (((n + kStages - 1 - st) / kStages) & 1) << st;
+    }
+    vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
   }
 }
 
-template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
-  constexpr size_t smem = Fp8SeesawTraits::kSmemBytes;
-  auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true> : &seesaw_fp8_kernel<Q, KV, false>;
+template <Elem Q, Elem KV, int kVt>
+cudaError_t launch_seesaw_fp8_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                                 int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
+  using Traits = Fp8SeesawTraits<(kVt > 0)>;
+  constexpr size_t smem = Traits::kSmemBytes;
+  auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true, kVt>
+                              : &seesaw_fp8_kernel<Q, KV, false, kVt>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  return launch(kernel, grid, dim3(Fp8SeesawTraits::kThreads), smem, stream, pdl, params, kv_map);
+  return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
+}
+
+// vt: V^T transposed by the producer warps (Fp8SeesawTraits<true>), where pages of 32 keys and up
+// leave at least one producer warp without boxes to issue.
+template <Elem Q, Elem KV>
+cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                              int num_tiles, bool direct_split, int vt, cudaStream_t stream,
+                              bool pdl) {
+  if (vt == 1 && params.page_size >= 32) {
+    return launch_seesaw_fp8_as<Q, KV, 1>(params, kv_map, num_tiles, direct_split, stream, pdl);
+  }
+  if (vt == 2 && params.page_size >= 32) {
+    return launch_seesaw_fp8_as<Q, KV, 2>(params, kv_map, num_tiles, direct_split, stream, pdl);
+  }
+  return launch_seesaw_fp8_as<Q, KV, 0>(params, kv_map, num_tiles, direct_split, stream, pdl);
 }
 
 }  // namespace mla::sm90::seesaw
