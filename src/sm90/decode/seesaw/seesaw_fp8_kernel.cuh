@@ -65,8 +65,8 @@ struct Fp8SeesawTraits {
   static constexpr int kChunks = kD / kChunkCols;
   static constexpr int kLeftChunks = 4;  // V columns 0..255: consumer 0's (empty_l)
   static constexpr int kRopeChunkBytes = (kL / kChunkCols) * kKeys * kChunkCols;  // P's place
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kVt ? 56 : 40;  // kVt: the transposing warps
+  static constexpr int kConsumerRegs = kVt ? 224 : 232;
   static_assert(kRows * kKeys == kKeys * kChunkCols, "P (rows x keys, e4m3) fills the rope chunk");
 
   using QkAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
@@ -108,8 +108,9 @@ struct Fp8SeesawTraits {
     // per transposing warp after its reads of chunks 0..3 (empty_l) and 4..7 (empty_r).
     uint64_t empty_l[kStages];
     uint64_t empty_r[kStages];
-    uint64_t vt_full[kVtBufs];   // kVt: one arrive per transposing warp, after its proxy fence
-    uint64_t vt_empty[kVtBufs];  // kVt: one arrive per consumer warp after its P V of the block
+    uint64_t vt_full[kVtBufs][2];  // kVt: [buffer][consumer's half]: one arrive per transposing
+                                   // warp after its m tiles of the half and a proxy fence
+    uint64_t vt_empty[kVtBufs];    // kVt: one arrive per consumer warp after its P V of the block
   };
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
@@ -118,12 +119,13 @@ struct Fp8SeesawTraits {
 __device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_cast<uint32_t>(b); }
 
 // kVt: transposing warp `tw` of `nt` (producer warps that issue no boxes) walks the CTA's segments
-// as the producer does and writes each block's V^T into buffer it % 2: the 32 units of (m tile,
-// 16 V columns) are few_rows::load_fp8_v_fragment's fragments (the RS route's A registers, its
-// row relabelling and k slots), stored where an SS wgmma reads the same operand; units of chunks
-// 0..3 first, then empty_l, the rest, then empty_r. V rows past the extent become 0 and the draft
-// keys some row of the tile does not attend lose their non-finite values, as the owner cleans the
-// stage on the RS route (tma::clean_v_rows_e4m3).
+// as the producer does and writes each block's V^T into buffer it % 2, m tiles tw, tw + nt, ...:
+// each m tile's four 16-column units are few_rows::load_fp8_v_fragment's fragments (the RS
+// route's A registers, its row relabelling and k slots), stored by stmatrix where an SS wgmma
+// reads the same operand; the m tiles of chunks 0..3 (consumer 0's V columns) first, then empty_l
+// and vt_full[buf][0], the rest, then empty_r and vt_full[buf][1].
+// V rows past the extent become 0 and the draft keys some row of the tile does not attend lose
+// their non-finite values, as the owner cleans the stage on the RS route (tma::clean_v_rows_e4m3).
 template <typename Traits, typename Cursor>
 __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
                                             typename Traits::SharedMemoryPlan& smem, int tw,
@@ -131,72 +133,99 @@ __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
   constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys;
   constexpr int kTileBytes = 64 * kKeys;  // one m tile of V^T
   const int lane = threadIdx.x & 31;
-  const int q = lane & 3, g = lane >> 2;
+  const int q = lane & 3;
+  // stmatrix: lane l gives row l % 8 of matrix l / 8 (register j of k step k: GMMA rows 16 w4 +
+  // 0..7 (+ 8 for odd j), k slots 32 k (+ 16 for j >= 2)); the 64-byte swizzle of that row.
+  uint32_t st_off[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int slot = 32 * k + 16 * (lane >> 4);
+    st_off[k] = tma::swizzled_offset_e4m3(row, slot, 64);  // + 1 KB per unit (16 rows)
+  }
   uint32_t vt_used = 0;  // parities of the blocks each buffer held before the segment
   uint32_t used0, used1;
-  tma::walk_segments<Cursor, kStages>(p, used0, used1, [&](const tma::TileWork& w, uint32_t u0,
-                                                           uint32_t) {
-    const int tile_limit =
-        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
-    for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
-      const int stage = it % kStages;
-      const uint32_t phase = ((u0 >> stage) + it / kStages) & 1;
-      const int buf = it & 1;
-      const uint32_t vphase = ((vt_used >> buf) + (it >> 1)) & 1;
-      const int key0 = block * kKeys;
-      const int valid = min(kKeys, w.extent - key0);
-      const int clean0 = min(valid, max(0, tile_limit - key0));
-      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-      uint8_t* vt = reinterpret_cast<uint8_t*>(smem.vt[buf]);
-      tma::mbar_wait(&smem.vt_empty[buf], vphase ^ 1);
-      auto unit = [&](int u) {
-        const int m = u >> 2, w4 = u & 3;
-        tma::mbar_wait(&smem.full[stage][m], phase);
-        uint32_t a[2][4];
-        few_rows::load_fp8_v_fragment(stage_addr, m, w4, lane, a);
-        if (clean0 < kKeys) {
+  tma::walk_segments<Cursor, kStages>(
+      p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t) {
+        const int tile_limit = max(
+            0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
+        for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
+          const int stage = it % kStages;
+          const uint32_t phase = ((u0 >> stage) + it / kStages) & 1;
+          const int buf = it & 1;
+          const uint32_t vphase = ((vt_used >> buf) + (it >> 1)) & 1;
+          const int key0 = block * kKeys;
+          const int valid = min(kKeys, w.extent - key0);
+          const int clean0 = min(valid, max(0, tile_limit - key0));
+          const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
+          const uint32_t vt_addr = tma::smem_addr(smem.vt[buf]);
+          tma::mbar_wait(&smem.vt_empty[buf], vphase ^ 1);
+          // One m tile: its four units' transposed loads one unit ahead of their permutes and
+          // stores (few_rows::load_fp8_v_fragment in two halves).
+          auto tile = [&](int m) {
+            tma::mbar_wait(&smem.full[stage][m], phase);
+            uint32_t raw[2][4];
+            auto load = [&](int w4) {
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
+              for (int k = 0; k < 2; ++k) {
+                tma::ldmatrix_x4_trans(stage_addr + few_rows::e4m3_offset<0>(m, 32 * k + lane, w4),
+                                       raw[k][0], raw[k][1], raw[k][2], raw[k][3]);
+              }
+            };
+            load(0);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int w4 = 0; w4 < 4; ++w4) {
+              uint32_t a[2][4];
 #pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                // k slot 4 q + j of the group: keys 2q, 8 + 2q, 2q + 1, 9 + 2q (fp8_p_slot)
-                const int key = 32 * k + 16 * (i >> 1) + 8 * (j & 1) + 2 * q + (j >> 1);
-                const uint32_t byte = (a[k][i] >> (8 * j)) & 0xffu;
-                if (key >= clean0 && (key >= valid || (byte & 0x7fu) == 0x7fu)) {
-                  a[k][i] &= ~(0xffu << (8 * j));
+              for (int k = 0; k < 2; ++k) {
+                a[k][0] = tma::byte_perm(raw[k][0], raw[k][1], 0x6240);
+                a[k][1] = tma::byte_perm(raw[k][0], raw[k][1], 0x7351);
+                a[k][2] = tma::byte_perm(raw[k][2], raw[k][3], 0x6240);
+                a[k][3] = tma::byte_perm(raw[k][2], raw[k][3], 0x7351);
+              }
+              if (w4 + 1 < 4) load(w4 + 1);
+              if (clean0 < kKeys) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                      // k slot 4 q + j of the group: keys 2q, 8 + 2q, 2q + 1, 9 + 2q (fp8_p_slot)
+                      const int key = 32 * k + 16 * (i >> 1) + 8 * (j & 1) + 2 * q + (j >> 1);
+                      const uint32_t byte = (a[k][i] >> (8 * j)) & 0xffu;
+                      if (key >= clean0 && (key >= valid || (byte & 0x7fu) == 0x7fu)) {
+                        a[k][i] &= ~(0xffu << (8 * j));
+                      }
+                    }
+                  }
                 }
               }
+#pragma unroll
+              for (int k = 0; k < 2; ++k) {
+                tma::stmatrix_x4(vt_addr + m * kTileBytes + w4 * 1024 + st_off[k], a[k][0], a[k][1],
+                                 a[k][2], a[k][3]);
+              }
             }
+          };
+          for (int m = tw; m < 4; m += nt) tile(m);
+          tma::fence_proxy_async_smem();
+          __syncwarp();
+          if (lane == 0) {
+            tma::mbar_arrive(&smem.empty_l[stage]);
+            tma::mbar_arrive(&smem.vt_full[buf][0]);
+          }
+          for (int m = 4 + (tw + 4 * (nt - 1)) % nt; m < 8; m += nt) tile(m);
+          tma::fence_proxy_async_smem();
+          __syncwarp();
+          if (lane == 0) {
+            tma::mbar_arrive(&smem.empty_r[stage]);
+            tma::mbar_arrive(&smem.vt_full[buf][1]);
           }
         }
-        // Register i of k step k: GMMA row 16 w4 + g (+ 8 for odd i), k slots 32 k + 4 q .. + 3
-        // (+ 16 for i >= 2).
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int row = 16 * w4 + g + 8 * (i & 1);
-            const int slot = 32 * k + 16 * (i >> 1) + 4 * q;
-            *reinterpret_cast<uint32_t*>(vt + m * kTileBytes +
-                                         tma::swizzled_offset_e4m3(row, slot, 64)) = a[k][i];
-          }
-        }
-      };
-      for (int u = tw; u < 16; u += nt) unit(u);
-      __syncwarp();
-      if (lane == 0) tma::mbar_arrive(&smem.empty_l[stage]);
-      for (int u = 16 + tw; u < 32; u += nt) unit(u);
-      __syncwarp();
-      if (lane == 0) tma::mbar_arrive(&smem.empty_r[stage]);
-      tma::fence_proxy_async_smem();
-      __syncwarp();
-      if (lane == 0) tma::mbar_arrive(&smem.vt_full[buf]);
-    }
-    const uint32_t n = w.block_end - w.block_begin;
-    vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
-  });
+        const uint32_t n = w.block_end - w.block_begin;
+        vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
+      });
 }
 
 // kDirect: a call of one request (the direct split): blockIdx.y = run of equal runs of the tile's
@@ -239,7 +268,8 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
         tma::mbar_init(&smem.empty_r[s], 4 + transposers);
       }
       for (int b = 0; b < 2; ++b) {
-        tma::mbar_init(&smem.vt_full[b], transposers);
+        tma::mbar_init(&smem.vt_full[b][0], transposers);
+        tma::mbar_init(&smem.vt_full[b][1], transposers);
         tma::mbar_init(&smem.vt_empty[b], 8);
       }
       tma::fence_mbar_init();
@@ -319,7 +349,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
     if (cute::elect_one_sync()) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
   };
 
-  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bit: stage)
+  uint32_t used = 0;     // parities of the blocks each stage held before the segment (bit: stage)
   uint32_t vt_used = 0;  // kVt: the same for the two buffers
   if constexpr (kDirect) {
     tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, 1>(p, 0, blockIdx.x * kRows, ctid);
@@ -402,13 +432,13 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
     // `buf` once its transpose has landed (phase `vphase`), SS wgmmas, two partials in flight.
     auto pv_gemm = [&](int stage, int buf, int par, int owner, uint32_t vphase) {
       if constexpr (kVt) {
-        tma::mbar_wait(&smem.vt_full[buf], vphase);
+        tma::mbar_wait(&smem.vt_full[buf][cw], vphase);
         Tensor sP = make_tensor(make_smem_ptr(smem.p[buf]), SmemLayoutP{});
         Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
         auto issue = [&](int m, auto& t) {
-          Tensor sV = make_tensor(
-              make_smem_ptr(smem.vt[buf] + (Traits::kLeftChunks * cw + m) * 64 * kKeys),
-              SmemLayoutVt{});
+          Tensor sV =
+              make_tensor(make_smem_ptr(smem.vt[buf] + (Traits::kLeftChunks * cw + m) * 64 * kKeys),
+                          SmemLayoutVt{});
           Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 1, 2)
           warpgroup_fence_operand(t);
           warpgroup_arrive();
@@ -428,24 +458,24 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
             promote(m, tOrT, par, owner);
           }
         } else {
-        issue(0, tOrT);
-        issue(1, tOrA);
-        warpgroup_wait<1>();
-        promote(0, tOrT, par, owner);
-        issue(2, tOrT);
-        warpgroup_wait<1>();
-        promote(1, tOrA, par, owner);
-        issue(3, tOrA);
-        warpgroup_wait<1>();
-        promote(2, tOrT, par, owner);
-        warpgroup_wait<0>();
-        promote(3, tOrA, par, owner);
+          issue(0, tOrT);
+          issue(1, tOrA);
+          warpgroup_wait<1>();
+          promote(0, tOrT, par, owner);
+          issue(2, tOrT);
+          warpgroup_wait<1>();
+          promote(1, tOrA, par, owner);
+          issue(3, tOrA);
+          warpgroup_wait<1>();
+          promote(2, tOrT, par, owner);
+          warpgroup_wait<0>();
+          promote(3, tOrA, par, owner);
         }
       } else {
-        Tensor sP = make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
-                                    reinterpret_cast<uint8_t*>(smem.k[stage]) +
-                                    Traits::kRopeChunkBytes)),
-                                SmemLayoutP{});
+        Tensor sP =
+            make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
+                            reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
+                        SmemLayoutP{});
         Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
         const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
         uint32_t frag[2][2][4];  // [tile parity][k step][register]
@@ -453,9 +483,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
           few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
                                         frag[m & 1]);
         };
-        auto issue = [&](int m) {
-          few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]);
-        };
+        auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
         load(0);
         issue(0);
         CUTE_UNROLL
@@ -765,8 +793,8 @@ cudaError_t launch_seesaw_fp8_as(const DecodeKernelParams& params, const CUtenso
                                  int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
   using Traits = Fp8SeesawTraits<(kVt > 0)>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true, kVt>
-                              : &seesaw_fp8_kernel<Q, KV, false, kVt>;
+  auto* kernel =
+      direct_split ? &seesaw_fp8_kernel<Q, KV, true, kVt> : &seesaw_fp8_kernel<Q, KV, false, kVt>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
