@@ -42,7 +42,7 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
 // and up; smaller pages run the RS route).
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, int vt, cudaStream_t stream,
+                              int num_tiles, bool direct_split, bool vt, cudaStream_t stream,
                               bool pdl);
 
 // Clusters of two CTAs of the paired kernel that the current device holds at once (read once per

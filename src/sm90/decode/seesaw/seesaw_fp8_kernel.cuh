@@ -45,10 +45,9 @@ enum class Fp8Barrier : uint32_t {
   kLocalSecond = 5,
 };
 
-// kVt: V^T transposed by the producer warpgroup's warps that issue no boxes into two K-major
-// buffers (one per block parity, with the block's P beside it), P V as SS wgmmas from there, two
-// partials in flight; a ring of three stages, each released once its owner's S and the transpose
-// have read it (docs/sm90-fp8.md, "V^T transposed by the producer warps").
+// kVt: V^T transposed in place by the producer warpgroup's warps that issue no boxes: once the
+// block's owner has read the stage for S, each V chunk becomes its m tile of V^T (K-major), and
+// P V runs as SS wgmmas from there (docs/sm90-fp8.md, "V^T transposed by the producer warps").
 template <bool kVt>
 struct Fp8SeesawTraits {
   using T = cute::float_e4m3_t;
@@ -58,7 +57,7 @@ struct Fp8SeesawTraits {
   static constexpr int kKeys = 64;  // keys per block (N of S)
   static constexpr int kD = 576;
   static constexpr int kL = 512;
-  static constexpr int kStages = kVt ? 3 : 4;  // block i in stage i % kStages
+  static constexpr int kStages = 4;  // block i in stage i % 4: consumer c's in c and c + 2
   static constexpr int kColsPerWg = kL / 2;
   static constexpr int kChunkCols = 64;  // e4m3 bytes per row of a chunk (64-byte swizzle)
   static constexpr int kStageElemBytes = 1;
@@ -80,21 +79,16 @@ struct Fp8SeesawTraits {
   // P^T as O^T's B operand: N = rows, K = keys (the k slots of few_rows::fp8_p_slot), K-major.
   using SmemLayoutP =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
-  // kVt: an m tile of V^T as O^T's A operand: 64 V columns (the GMMA rows, few_rows::fp8_o_row)
-  // x 64 k slots (few_rows::fp8_p_slot), K-major; a buffer holds the 8 m tiles one after another.
+  // kVt: an m tile of V^T as O^T's A operand, in place of V chunk m: 64 V columns (the GMMA rows,
+  // few_rows::fp8_o_row) x 64 k slots (few_rows::fp8_p_slot), K-major.
   using SmemLayoutVt =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<64>, cute::Int<kKeys>>{}));
-  static constexpr int kVtBufs = kVt ? 2 : 1;
-  static constexpr int kVtElems = kVt ? kL * kKeys : 16;
-  static constexpr int kPElems = kVt ? kRows * kKeys : 16;
   using TiledMmaQk = decltype(cute::make_tiled_mma(QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(PvAtom{}));
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
-    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK; !kVt: P in the rope chunk
-    alignas(1024) T vt[kVtBufs][kVtElems];   // kVt: block parity b's V^T (SmemLayoutVt tiles)
-    alignas(1024) T p[kVtBufs][kPElems];     // kVt: and its P (SmemLayoutP)
+    alignas(1024) T k[kStages][kKeys * kD];  // K blocks, SmemLayoutK; P in the rope chunk
     float max[2][2][kRows];    // [round parity][consumer] running max after its block (base 2)
     float scale[2][2][kRows];  // [round parity][consumer] exp2(previous max - that max)
     float row_sum[kRows];      // consumer 1's row sums at the segment's end
@@ -103,14 +97,13 @@ struct Fp8SeesawTraits {
     float out_scale[kRows];    // and what its O is multiplied by
     const uint4* query_row[kRows];
     uint64_t full[kStages][kChunks];
-    // !kVt: chunks 0..3 read, one arrive per consumer-0 warp (empty_l); chunks 4..8 (V_R, P),
-    // per consumer-1 warp (empty_r). kVt: one arrive per warp of the block's owner after its S and
-    // per transposing warp after its reads of chunks 0..3 (empty_l) and 4..7 (empty_r).
-    uint64_t empty_l[kStages];
-    uint64_t empty_r[kStages];
-    uint64_t vt_full[kVtBufs][2];  // kVt: [buffer][consumer's half]: one arrive per transposing
-                                   // warp after its m tiles of the half and a proxy fence
-    uint64_t vt_empty[kVtBufs];    // kVt: one arrive per consumer warp after its P V of the block
+    uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer-0 warp
+    uint64_t empty_r[kStages];  // chunks 4..8 read (V_R, P): one arrive per consumer-1 warp
+    // kVt: [stage][0]: the owner's S has read chunks 0..5, [1]: 6..8 (one arrive per owner warp)
+    uint64_t s_done[kStages][2];
+    // kVt: [stage][h]: consumer h's m tiles of V^T are in place (one arrive per transposing warp
+    // after its m tiles of the half and a proxy fence)
+    uint64_t vt_full[kStages][2];
   };
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
@@ -119,19 +112,20 @@ struct Fp8SeesawTraits {
 __device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_cast<uint32_t>(b); }
 
 // kVt: transposing warp `tw` of `nt` (producer warps that issue no boxes) walks the CTA's segments
-// as the producer does and writes each block's V^T into buffer it % 2, m tiles tw, tw + nt, ...:
-// each m tile's four 16-column units are few_rows::load_fp8_v_fragment's fragments (the RS
-// route's A registers, its row relabelling and k slots), stored by stmatrix where an SS wgmma
-// reads the same operand; the m tiles of chunks 0..3 (consumer 0's V columns) first, then empty_l
-// and vt_full[buf][0], the rest, then empty_r and vt_full[buf][1].
-// V rows past the extent become 0 and the draft keys some row of the tile does not attend lose
-// their non-finite values, as the owner cleans the stage on the RS route (tma::clean_v_rows_e4m3).
+// as the producer does and turns each block's V chunks m = tw, tw + nt, ... into m tiles of V^T in
+// place, once the block's owner has read them for S (s_done): the chunk's four 16-column units
+// are few_rows::load_fp8_v_fragment's fragments (the RS route's A registers, its row relabelling
+// and k slots), all four loaded before any is stored back by stmatrix where an SS wgmma reads the
+// same operand. The m tiles of chunks 0..3 (consumer 0's V columns) first, then vt_full[stage][0],
+// the rest, then vt_full[stage][1]. V rows past the extent become 0 and the draft keys some row of
+// the tile does not attend lose their non-finite values, as the owner cleans the stage on the RS
+// route (tma::clean_v_rows_e4m3).
 template <typename Traits, typename Cursor>
 __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
                                             typename Traits::SharedMemoryPlan& smem, int tw,
                                             int nt) {
   constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys;
-  constexpr int kTileBytes = 64 * kKeys;  // one m tile of V^T
+  constexpr int kTileBytes = 64 * kKeys;  // one chunk, one m tile of V^T
   const int lane = threadIdx.x & 31;
   const int q = lane & 3;
   // stmatrix: lane l gives row l % 8 of matrix l / 8 (register j of k step k: GMMA rows 16 w4 +
@@ -143,7 +137,6 @@ __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
     const int slot = 32 * k + 16 * (lane >> 4);
     st_off[k] = tma::swizzled_offset_e4m3(row, slot, 64);  // + 1 KB per unit (16 rows)
   }
-  uint32_t vt_used = 0;  // parities of the blocks each buffer held before the segment
   uint32_t used0, used1;
   tma::walk_segments<Cursor, kStages>(
       p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t) {
@@ -152,38 +145,32 @@ __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
         for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
           const int stage = it % kStages;
           const uint32_t phase = ((u0 >> stage) + it / kStages) & 1;
-          const int buf = it & 1;
-          const uint32_t vphase = ((vt_used >> buf) + (it >> 1)) & 1;
           const int key0 = block * kKeys;
           const int valid = min(kKeys, w.extent - key0);
           const int clean0 = min(valid, max(0, tile_limit - key0));
           const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-          const uint32_t vt_addr = tma::smem_addr(smem.vt[buf]);
-          tma::mbar_wait(&smem.vt_empty[buf], vphase ^ 1);
-          // One m tile: its four units' transposed loads one unit ahead of their permutes and
-          // stores (few_rows::load_fp8_v_fragment in two halves).
           auto tile = [&](int m) {
-            tma::mbar_wait(&smem.full[stage][m], phase);
-            uint32_t raw[2][4];
-            auto load = [&](int w4) {
+            tma::mbar_wait(&smem.s_done[stage][m < 6 ? 0 : 1], phase);
+            uint32_t raw[4][2][4];
+#pragma unroll
+            for (int w4 = 0; w4 < 4; ++w4) {
 #pragma unroll
               for (int k = 0; k < 2; ++k) {
                 tma::ldmatrix_x4_trans(stage_addr + few_rows::e4m3_offset<0>(m, 32 * k + lane, w4),
-                                       raw[k][0], raw[k][1], raw[k][2], raw[k][3]);
+                                       raw[w4][k][0], raw[w4][k][1], raw[w4][k][2], raw[w4][k][3]);
               }
-            };
-            load(0);
+            }
+            __syncwarp();  // every lane's loads of the chunk before any store into it
 #pragma unroll
             for (int w4 = 0; w4 < 4; ++w4) {
               uint32_t a[2][4];
 #pragma unroll
               for (int k = 0; k < 2; ++k) {
-                a[k][0] = tma::byte_perm(raw[k][0], raw[k][1], 0x6240);
-                a[k][1] = tma::byte_perm(raw[k][0], raw[k][1], 0x7351);
-                a[k][2] = tma::byte_perm(raw[k][2], raw[k][3], 0x6240);
-                a[k][3] = tma::byte_perm(raw[k][2], raw[k][3], 0x7351);
+                a[k][0] = tma::byte_perm(raw[w4][k][0], raw[w4][k][1], 0x6240);
+                a[k][1] = tma::byte_perm(raw[w4][k][0], raw[w4][k][1], 0x7351);
+                a[k][2] = tma::byte_perm(raw[w4][k][2], raw[w4][k][3], 0x6240);
+                a[k][3] = tma::byte_perm(raw[w4][k][2], raw[w4][k][3], 0x7351);
               }
-              if (w4 + 1 < 4) load(w4 + 1);
               if (clean0 < kKeys) {
 #pragma unroll
                 for (int k = 0; k < 2; ++k) {
@@ -203,40 +190,31 @@ __device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
               }
 #pragma unroll
               for (int k = 0; k < 2; ++k) {
-                tma::stmatrix_x4(vt_addr + m * kTileBytes + w4 * 1024 + st_off[k], a[k][0], a[k][1],
-                                 a[k][2], a[k][3]);
+                tma::stmatrix_x4(stage_addr + m * kTileBytes + w4 * 1024 + st_off[k], a[k][0],
+                                 a[k][1], a[k][2], a[k][3]);
               }
             }
           };
           for (int m = tw; m < 4; m += nt) tile(m);
           tma::fence_proxy_async_smem();
           __syncwarp();
-          if (lane == 0) {
-            tma::mbar_arrive(&smem.empty_l[stage]);
-            tma::mbar_arrive(&smem.vt_full[buf][0]);
-          }
+          if (lane == 0) tma::mbar_arrive(&smem.vt_full[stage][0]);
           for (int m = 4 + (tw + 4 * (nt - 1)) % nt; m < 8; m += nt) tile(m);
           tma::fence_proxy_async_smem();
           __syncwarp();
-          if (lane == 0) {
-            tma::mbar_arrive(&smem.empty_r[stage]);
-            tma::mbar_arrive(&smem.vt_full[buf][1]);
-          }
+          if (lane == 0) tma::mbar_arrive(&smem.vt_full[stage][1]);
         }
-        const uint32_t n = w.block_end - w.block_begin;
-        vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
       });
 }
 
 // kDirect: a call of one request (the direct split): blockIdx.y = run of equal runs of the tile's
 // blocks (tma::SplitCursor), partials in the uniform layout.
-template <Elem Q, Elem KV, bool kDirect, int kVtPartials>
-__global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 1)
+template <Elem Q, Elem KV, bool kDirect, bool kVt>
+__global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
     seesaw_fp8_kernel(const __grid_constant__ DecodeKernelParams p,
                       const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
-  constexpr bool kVt = kVtPartials > 0;
   using Traits = Fp8SeesawTraits<kVt>;
   using Plan = typename Traits::SharedMemoryPlan;
   using tma::mbar_arrive;
@@ -260,24 +238,15 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
   // kVt: the producer warps that issue no boxes transpose V (the launch takes kVt only where
   // there is at least one: pages of 32 keys and up).
   const int transposers = 4 - issuers;
-  if constexpr (kVt) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < kStages; ++s) {
-        for (int c = 0; c < Traits::kChunks; ++c) tma::mbar_init(&smem.full[s][c], issuers);
-        tma::mbar_init(&smem.empty_l[s], 4 + transposers);
-        tma::mbar_init(&smem.empty_r[s], 4 + transposers);
+  if (kVt && threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      for (int h = 0; h < 2; ++h) {
+        tma::mbar_init(&smem.s_done[s][h], 4);
+        tma::mbar_init(&smem.vt_full[s][h], transposers);
       }
-      for (int b = 0; b < 2; ++b) {
-        tma::mbar_init(&smem.vt_full[b][0], transposers);
-        tma::mbar_init(&smem.vt_full[b][1], transposers);
-        tma::mbar_init(&smem.vt_empty[b], 8);
-      }
-      tma::fence_mbar_init();
     }
-    __syncthreads();
-  } else {
-    tma::init_ring_barriers<Traits>(smem, issuers);
   }
+  tma::init_ring_barriers<Traits>(smem, issuers);  // its fence and sync publish these too
 
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
@@ -320,10 +289,10 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
   Tensor tSrT = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Traits::kColsPerWg>, Int<kRows>>{});
   Tensor tOrT = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
-  // !kVt: V^T's registers (MMA, 1, 2); kVt: the second partial.
+  // !kVt: V^T's registers (MMA, 1, 2); kVt: unused (V^T in shared memory).
   auto tOrA = [&] {
     if constexpr (kVt) {
-      return partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
+      return 0;
     } else {
       return thr_pv.partition_fragment_A(
           make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));
@@ -349,8 +318,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
     if (cute::elect_one_sync()) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
   };
 
-  uint32_t used = 0;     // parities of the blocks each stage held before the segment (bit: stage)
-  uint32_t vt_used = 0;  // kVt: the same for the two buffers
+  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bit: stage)
   if constexpr (kDirect) {
     tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, 1>(p, 0, blockIdx.x * kRows, ctid);
   }
@@ -426,57 +394,38 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
         }
       }
     };
-    // O^T = a O^T + V^T P^T of a block over this consumer's V columns. Waits for its GEMMs.
-    // !kVt: the block in `stage` (P in its rope chunk), V^T from registers, one partial (O^T's
-    // 128 registers, two partials and the fragments would not fit). kVt: V^T and P in buffer
-    // `buf` once its transpose has landed (phase `vphase`), SS wgmmas, two partials in flight.
-    auto pv_gemm = [&](int stage, int buf, int par, int owner, uint32_t vphase) {
+    // O^T = a O^T + V^T P^T of the block in `stage` (P in its rope chunk) over this consumer's V
+    // columns, one partial per m tile (O^T's 128 registers leave no room for two). Waits for its
+    // GEMMs. !kVt: V^T from registers, the next m tile's fragments loaded under the wait. kVt:
+    // V^T in place of the V chunks once transpose_v has written this consumer's half (phase
+    // `phase`), SS wgmmas.
+    auto pv_gemm = [&](int stage, int par, int owner, uint32_t phase) {
+      Tensor sP =
+          make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
+                          reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
+                      SmemLayoutP{});
+      Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
       if constexpr (kVt) {
-        tma::mbar_wait(&smem.vt_full[buf][cw], vphase);
-        Tensor sP = make_tensor(make_smem_ptr(smem.p[buf]), SmemLayoutP{});
-        Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-        auto issue = [&](int m, auto& t) {
-          Tensor sV =
-              make_tensor(make_smem_ptr(smem.vt[buf] + (Traits::kLeftChunks * cw + m) * 64 * kKeys),
-                          SmemLayoutVt{});
+        tma::mbar_wait(&smem.vt_full[stage][cw], phase);
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {
+          Tensor sV = make_tensor(make_smem_ptr(smem.k[stage] + (Traits::kLeftChunks * cw + m) *
+                                                                    Traits::kChunkCols * kKeys),
+                                  SmemLayoutVt{});
           Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 1, 2)
-          warpgroup_fence_operand(t);
+          warpgroup_fence_operand(tOrT);
           warpgroup_arrive();
           mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
           CUTE_UNROLL
           for (int k = 0; k < 2; ++k) {
-            cute::gemm(mma_pv, tOrV(_, _, k), tOrP(_, _, k), t);
+            cute::gemm(mma_pv, tOrV(_, _, k), tOrP(_, _, k), tOrT);
             mma_pv.accumulate_ = GMMA::ScaleOut::One;
           }
           warpgroup_commit_batch();
-        };
-        if constexpr (kVtPartials == 1) {
-          CUTE_UNROLL
-          for (int m = 0; m < 4; ++m) {
-            issue(m, tOrT);
-            warpgroup_wait<0>();
-            promote(m, tOrT, par, owner);
-          }
-        } else {
-          issue(0, tOrT);
-          issue(1, tOrA);
-          warpgroup_wait<1>();
-          promote(0, tOrT, par, owner);
-          issue(2, tOrT);
-          warpgroup_wait<1>();
-          promote(1, tOrA, par, owner);
-          issue(3, tOrA);
-          warpgroup_wait<1>();
-          promote(2, tOrT, par, owner);
           warpgroup_wait<0>();
-          promote(3, tOrA, par, owner);
+          promote(m, tOrT, par, owner);
         }
       } else {
-        Tensor sP =
-            make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
-                            reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
-                        SmemLayoutP{});
-        Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
         const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
         uint32_t frag[2][2][4];  // [tile parity][k step][register]
         auto load = [&](int m) {
@@ -496,24 +445,18 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
       }
       warpgroup_fence_operand(tOrO);
     };
-    // kVt: one arrive per warp on buffer b's empty barrier once its P V is done.
-    auto release_vt = [&](int b) {
-      __syncwarp();
-      if (cute::elect_one_sync()) mbar_arrive(&smem.vt_empty[b]);
-    };
     const int num_blocks = w.block_end - w.block_begin;
     for (int round = 0; 2 * round < num_blocks; ++round) {
       const int par = round & 1;
       const bool has_odd = 2 * round + 1 < num_blocks;
       const bool mine = cw == 0 || has_odd;
-      // Block i = 2 round + c in stage i % kStages (four stages: c + 2 (round % 2), each stage
-      // used every other round); kVt: V^T and P of block 2 round + c in buffer c.
-      const int stage0 = __shfl_sync(0xffffffffu, (2 * round) % kStages, 0);
-      const int stage1 = kStages == 4 ? stage0 + 1 : (2 * round + 1) % kStages;
+      // Block 2 round + c in stage c + 2 (round % 2), each stage used every other round.
+      const int stage0 = __shfl_sync(0xffffffffu, 2 * par, 0);
+      const int stage1 = stage0 + 1;
       const int own_stage = cw == 0 ? stage0 : stage1;
-      const uint32_t phase = ((used >> own_stage) + (2 * round + cw) / kStages) & 1;
-      const uint32_t vphase0 = ((vt_used >> 0) + round) & 1;
-      const uint32_t vphase1 = ((vt_used >> 1) + round) & 1;
+      const uint32_t phase0 = ((used >> stage0) + (round >> 1)) & 1;
+      const uint32_t phase1 = ((used >> stage1) + (round >> 1)) & 1;
+      const uint32_t phase = cw == 0 ? phase0 : phase1;
       const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
 
       if (mine) {
@@ -539,21 +482,22 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) tSrS(v) += tSrT(v);
         };
+        // kVt: S's reads of chunks 0..5, then 6..8, done: transpose_v may write V^T there.
+        auto s_done = [&](int h) {
+          if constexpr (kVt) {
+            __syncwarp();
+            if (cute::elect_one_sync()) mbar_arrive(&smem.s_done[own_stage][h]);
+          }
+        };
         issue(0, tSrS);
         issue(kPartialChunks, tSrT);
         warpgroup_wait<0>();
+        s_done(0);
         add();
         issue(2 * kPartialChunks, tSrT);
         warpgroup_wait<0>();
+        s_done(1);
         add();
-        if constexpr (kVt) {
-          // S was the consumers' last read of the stage (V^T and P live in the buffers).
-          __syncwarp();
-          if (cute::elect_one_sync()) {
-            mbar_arrive(&smem.empty_l[own_stage]);
-            mbar_arrive(&smem.empty_r[own_stage]);
-          }
-        }
       }
 
       float m_in[2];
@@ -624,14 +568,9 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
           row_sum[slot] += tSrS(v);
         }
         // P: keys 16g + {2q, 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3
-        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys. kVt: into buffer
-        // cw once both consumers' P V of its last block are done.
+        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys.
         uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
         uint8_t* p_bytes = stage_bytes + Traits::kRopeChunkBytes;
-        if constexpr (kVt) {
-          p_bytes = reinterpret_cast<uint8_t*>(smem.p[cw]);
-          tma::mbar_wait(&smem.vt_empty[cw], (cw == 0 ? vphase0 : vphase1) ^ 1);
-        }
         const int q = lane & 3;
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
@@ -675,21 +614,13 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
       }
       if (cw == 1) {
         // ---- O_R = a0 O_R + V0_R^T P0^T ----
-        pv_gemm(stage0, 0, par, 0, vphase0);
-        if constexpr (kVt) {
-          release_vt(0);
-        } else {
-          release(stage0);
-        }
+        pv_gemm(stage0, par, 0, phase0);
+        release(stage0);
       }
       if (mine) {
         // ---- this consumer's own block: O^T = a O^T + V^T P^T ----
-        pv_gemm(own_stage, cw, par, cw, cw == 0 ? vphase0 : vphase1);
-        if constexpr (kVt) {
-          release_vt(cw);
-        } else {
-          release(own_stage);
-        }
+        pv_gemm(own_stage, par, cw, phase);
+        release(own_stage);
       }
 
       if (cw == 0 && has_odd) {
@@ -700,12 +631,8 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
           row_max[s] = smem.max[par][1][my_row[s]];
           row_sum[s] *= smem.scale[par][1][my_row[s]];
         }
-        pv_gemm(stage1, 1, par, 1, vphase1);
-        if constexpr (kVt) {
-          release_vt(1);
-        } else {
-          release(stage1);
-        }
+        pv_gemm(stage1, par, 1, phase1);
+        release(stage1);
       }
     }
 
@@ -784,14 +711,13 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<(kVtPartials > 0)>::kThreads, 
     for (uint32_t st = 0; st < kStages; ++st) {
       used ^= (((n + kStages - 1 - st) / kStages) & 1) << st;
     }
-    vt_used ^= (((n + 1) / 2) & 1) | (((n / 2) & 1) << 1);
   }
 }
 
-template <Elem Q, Elem KV, int kVt>
+template <Elem Q, Elem KV, bool kVt>
 cudaError_t launch_seesaw_fp8_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                                  int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
-  using Traits = Fp8SeesawTraits<(kVt > 0)>;
+  using Traits = Fp8SeesawTraits<kVt>;
   constexpr size_t smem = Traits::kSmemBytes;
   auto* kernel =
       direct_split ? &seesaw_fp8_kernel<Q, KV, true, kVt> : &seesaw_fp8_kernel<Q, KV, false, kVt>;
@@ -801,19 +727,16 @@ cudaError_t launch_seesaw_fp8_as(const DecodeKernelParams& params, const CUtenso
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
 }
 
-// vt: V^T transposed by the producer warps (Fp8SeesawTraits<true>), where pages of 32 keys and up
-// leave at least one producer warp without boxes to issue.
+// vt: V^T transposed in place by the producer warps (Fp8SeesawTraits<true>), where pages of 32
+// keys and up leave at least one producer warp without boxes to issue.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, int vt, cudaStream_t stream,
+                              int num_tiles, bool direct_split, bool vt, cudaStream_t stream,
                               bool pdl) {
-  if (vt == 1 && params.page_size >= 32) {
-    return launch_seesaw_fp8_as<Q, KV, 1>(params, kv_map, num_tiles, direct_split, stream, pdl);
+  if (vt && params.page_size >= 32) {
+    return launch_seesaw_fp8_as<Q, KV, true>(params, kv_map, num_tiles, direct_split, stream, pdl);
   }
-  if (vt == 2 && params.page_size >= 32) {
-    return launch_seesaw_fp8_as<Q, KV, 2>(params, kv_map, num_tiles, direct_split, stream, pdl);
-  }
-  return launch_seesaw_fp8_as<Q, KV, 0>(params, kv_map, num_tiles, direct_split, stream, pdl);
+  return launch_seesaw_fp8_as<Q, KV, false>(params, kv_map, num_tiles, direct_split, stream, pdl);
 }
 
 }  // namespace mla::sm90::seesaw
