@@ -324,8 +324,8 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     if (route.fp8_direct) {
-      return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(
-          k, kv_map, route.tiles, direct, switches().fp8_vt, stream, pdl);
+      return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, route.tiles,
+                                                                       direct, stream, pdl);
     }
     return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(
         k, kv_map, q_map, route.tiles, direct, route.pair, route.clean, stream, pdl);

@@ -32,7 +32,6 @@ Switches read_switches() {
   s.query_tma = env_string("MLA_SM90_QUERY_TMA") != "0";
   s.consumer_fence = env_string("MLA_SM90_CONSUMER_FENCE") != "0";
   s.ds_direct = env_string("MLA_SM90_DS_DIRECT") != "0";
-  s.fp8_vt = env_string("MLA_SM90_FP8_VT") != "0";
   s.fp8_seesaw_min_blocks = std::max<int64_t>(0, env_int("MLA_SM90_FP8_SEESAW_MIN_BLOCKS"));
   if (std::getenv("MLA_SM90_SPARSE_ROWS") != nullptr) {
     s.sparse_rows = std::max<int64_t>(0, env_int("MLA_SM90_SPARSE_ROWS"));

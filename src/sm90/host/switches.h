@@ -39,9 +39,6 @@ struct Switches {
   // rows a block ahead and widens them in the producer, instead of landing them as they are for
   // the GEMMs to read (route.h, Route::fp8_direct).
   bool ds_direct = true;
-  // MLA_SM90_FP8_VT=0: the FP8 seesaw kernel reads V^T from registers (transposed ldmatrix), not
-  // from the buffers its producer warps transpose V into (seesaw/seesaw_fp8_kernel.cuh).
-  bool fp8_vt = true;
   // MLA_SM90_FP8_SEESAW_MIN_BLOCKS=N (N > 0): the fewest blocks per split at which a call of one
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).

@@ -38,12 +38,10 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
 // An e4m3 query over an e4m3 cache on the FP8 tensor cores (seesaw_fp8_kernel.cuh): grid
 // (num_tiles, params.num_parts) over the balanced schedule, or (num_tiles, params.num_splits) with
 // `direct_split`; kv_map: the e4m3 boxes with the 64-byte swizzle (tma::make_kv_tensor_map's
-// fp8_direct); vt: V^T transposed by the producer warps, P V from shared memory (pages of 32 keys
-// and up; smaller pages run the RS route).
+// fp8_direct).
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, bool vt, cudaStream_t stream,
-                              bool pdl);
+                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl);
 
 // Clusters of two CTAs of the paired kernel that the current device holds at once (read once per
 // device; 0 where the query fails). The route pairs a grid only where they hold all of it.

@@ -4,6 +4,5 @@
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(const DecodeKernelParams&,
                                                                        const CUtensorMap&, int,
-                                                                       bool, bool, cudaStream_t,
-                                                                       bool);
+                                                                       bool, cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw

@@ -45,10 +45,6 @@ enum class Fp8Barrier : uint32_t {
   kLocalSecond = 5,
 };
 
-// kVt: V^T transposed in place by the producer warpgroup's warps that issue no boxes: once the
-// block's owner has read the stage for S, each V chunk becomes its m tile of V^T (K-major), and
-// P V runs as SS wgmmas from there (docs/sm90-fp8.md, "V^T transposed by the producer warps").
-template <bool kVt>
 struct Fp8SeesawTraits {
   using T = cute::float_e4m3_t;
   static constexpr int kThreads = 384;
@@ -64,13 +60,12 @@ struct Fp8SeesawTraits {
   static constexpr int kChunks = kD / kChunkCols;
   static constexpr int kLeftChunks = 4;  // V columns 0..255: consumer 0's (empty_l)
   static constexpr int kRopeChunkBytes = (kL / kChunkCols) * kKeys * kChunkCols;  // P's place
-  static constexpr int kProducerRegs = kVt ? 56 : 40;  // kVt: the transposing warps
-  static constexpr int kConsumerRegs = kVt ? 224 : 232;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static_assert(kRows * kKeys == kKeys * kChunkCols, "P (rows x keys, e4m3) fills the rope chunk");
 
   using QkAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
-  using PvAtom = std::conditional_t<kVt, cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
-                                    cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>>;
+  using PvAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
   using KAtom = cute::GMMA::Layout_K_SW64_Atom<T>;
   using SmemLayoutQ =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
@@ -79,10 +74,6 @@ struct Fp8SeesawTraits {
   // P^T as O^T's B operand: N = rows, K = keys (the k slots of few_rows::fp8_p_slot), K-major.
   using SmemLayoutP =
       decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
-  // kVt: an m tile of V^T as O^T's A operand, in place of V chunk m: 64 V columns (the GMMA rows,
-  // few_rows::fp8_o_row) x 64 k slots (few_rows::fp8_p_slot), K-major.
-  using SmemLayoutVt =
-      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<64>, cute::Int<kKeys>>{}));
   using TiledMmaQk = decltype(cute::make_tiled_mma(QkAtom{}));
   using TiledMmaPv = decltype(cute::make_tiled_mma(PvAtom{}));
 
@@ -99,11 +90,6 @@ struct Fp8SeesawTraits {
     uint64_t full[kStages][kChunks];
     uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 read (V_R, P): one arrive per consumer-1 warp
-    // kVt: [stage][0]: the owner's S has read chunks 0..5, [1]: 6..8 (one arrive per owner warp)
-    uint64_t s_done[kStages][2];
-    // kVt: [stage][h]: consumer h's m tiles of V^T are in place (one arrive per transposing warp
-    // after its m tiles of the half and a proxy fence)
-    uint64_t vt_full[kStages][2];
   };
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
@@ -111,119 +97,22 @@ struct Fp8SeesawTraits {
 
 __device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_cast<uint32_t>(b); }
 
-// kVt: transposing warp `tw` of `nt` (producer warps that issue no boxes) walks the CTA's segments
-// as the producer does and turns each block's V chunks m = tw, tw + nt, ... into m tiles of V^T in
-// place, once the block's owner has read them for S (s_done): the chunk's four 16-column units
-// are few_rows::load_fp8_v_fragment's fragments (the RS route's A registers, its row relabelling
-// and k slots), all four loaded before any is stored back by stmatrix where an SS wgmma reads the
-// same operand. The m tiles of chunks 0..3 (consumer 0's V columns) first, then vt_full[stage][0],
-// the rest, then vt_full[stage][1]. V rows past the extent become 0 and the draft keys some row of
-// the tile does not attend lose their non-finite values, as the owner cleans the stage on the RS
-// route (tma::clean_v_rows_e4m3).
-template <typename Traits, typename Cursor>
-__device__ __forceinline__ void transpose_v(const DecodeKernelParams& p,
-                                            typename Traits::SharedMemoryPlan& smem, int tw,
-                                            int nt) {
-  constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys;
-  constexpr int kTileBytes = 64 * kKeys;  // one chunk, one m tile of V^T
-  const int lane = threadIdx.x & 31;
-  const int q = lane & 3;
-  // stmatrix: lane l gives row l % 8 of matrix l / 8 (register j of k step k: GMMA rows 16 w4 +
-  // 0..7 (+ 8 for odd j), k slots 32 k (+ 16 for j >= 2)); the 64-byte swizzle of that row.
-  uint32_t st_off[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int row = (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int slot = 32 * k + 16 * (lane >> 4);
-    st_off[k] = tma::swizzled_offset_e4m3(row, slot, 64);  // + 1 KB per unit (16 rows)
-  }
-  uint32_t used0, used1;
-  tma::walk_segments<Cursor, kStages>(
-      p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t) {
-        const int tile_limit = max(
-            0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
-        for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
-          const int stage = it % kStages;
-          const uint32_t phase = ((u0 >> stage) + it / kStages) & 1;
-          const int key0 = block * kKeys;
-          const int valid = min(kKeys, w.extent - key0);
-          const int clean0 = min(valid, max(0, tile_limit - key0));
-          const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-          auto tile = [&](int m) {
-            tma::mbar_wait(&smem.s_done[stage][m < 6 ? 0 : 1], phase);
-            uint32_t raw[4][2][4];
-#pragma unroll
-            for (int w4 = 0; w4 < 4; ++w4) {
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                tma::ldmatrix_x4_trans(stage_addr + few_rows::e4m3_offset<0>(m, 32 * k + lane, w4),
-                                       raw[w4][k][0], raw[w4][k][1], raw[w4][k][2], raw[w4][k][3]);
-              }
-            }
-            __syncwarp();  // every lane's loads of the chunk before any store into it
-#pragma unroll
-            for (int w4 = 0; w4 < 4; ++w4) {
-              uint32_t a[2][4];
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                a[k][0] = tma::byte_perm(raw[w4][k][0], raw[w4][k][1], 0x6240);
-                a[k][1] = tma::byte_perm(raw[w4][k][0], raw[w4][k][1], 0x7351);
-                a[k][2] = tma::byte_perm(raw[w4][k][2], raw[w4][k][3], 0x6240);
-                a[k][3] = tma::byte_perm(raw[w4][k][2], raw[w4][k][3], 0x7351);
-              }
-              if (clean0 < kKeys) {
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-#pragma unroll
-                  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                      // k slot 4 q + j of the group: keys 2q, 8 + 2q, 2q + 1, 9 + 2q (fp8_p_slot)
-                      const int key = 32 * k + 16 * (i >> 1) + 8 * (j & 1) + 2 * q + (j >> 1);
-                      const uint32_t byte = (a[k][i] >> (8 * j)) & 0xffu;
-                      if (key >= clean0 && (key >= valid || (byte & 0x7fu) == 0x7fu)) {
-                        a[k][i] &= ~(0xffu << (8 * j));
-                      }
-                    }
-                  }
-                }
-              }
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                tma::stmatrix_x4(stage_addr + m * kTileBytes + w4 * 1024 + st_off[k], a[k][0],
-                                 a[k][1], a[k][2], a[k][3]);
-              }
-            }
-          };
-          for (int m = tw; m < 4; m += nt) tile(m);
-          tma::fence_proxy_async_smem();
-          __syncwarp();
-          if (lane == 0) tma::mbar_arrive(&smem.vt_full[stage][0]);
-          for (int m = 4 + (tw + 4 * (nt - 1)) % nt; m < 8; m += nt) tile(m);
-          tma::fence_proxy_async_smem();
-          __syncwarp();
-          if (lane == 0) tma::mbar_arrive(&smem.vt_full[stage][1]);
-        }
-      });
-}
-
 // kDirect: a call of one request (the direct split): blockIdx.y = run of equal runs of the tile's
 // blocks (tma::SplitCursor), partials in the uniform layout.
-template <Elem Q, Elem KV, bool kDirect, bool kVt>
-__global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
+template <Elem Q, Elem KV, bool kDirect>
+__global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     seesaw_fp8_kernel(const __grid_constant__ DecodeKernelParams p,
                       const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
   static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
-  using Traits = Fp8SeesawTraits<kVt>;
-  using Plan = typename Traits::SharedMemoryPlan;
+  using Traits = Fp8SeesawTraits;
+  using Plan = Traits::SharedMemoryPlan;
   using tma::mbar_arrive;
   using tma::mbar_wait;
   using tma::named_barrier_arrive;
   using tma::named_barrier_sync;
   using Cursor = std::conditional_t<kDirect, tma::SplitCursor, tma::PartCursor>;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
-  constexpr int kStages = Traits::kStages;
   constexpr int kCols = kRows / 4;  // rows (N columns of O^T) per thread: 16
   constexpr int kPartialChunks = 3;
   constexpr float kPShift = 8.0f;  // P' = 2^8 exp2(s - m) <= 2^8 (e4m3's largest finite: 448)
@@ -235,34 +124,19 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
-  // kVt: the producer warps that issue no boxes transpose V (the launch takes kVt only where
-  // there is at least one: pages of 32 keys and up).
-  const int transposers = 4 - issuers;
-  if (kVt && threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      for (int h = 0; h < 2; ++h) {
-        tma::mbar_init(&smem.s_done[s][h], 4);
-        tma::mbar_init(&smem.vt_full[s][h], transposers);
-      }
-    }
-  }
-  tma::init_ring_barriers<Traits>(smem, issuers);  // its fence and sync publish these too
+  tma::init_ring_barriers<Traits>(smem, issuers);
 
   const int wg = cutlass::canonical_warp_group_idx();
   if (wg == 0) {
     tma::regs_dealloc<Traits::kProducerRegs>();
     const int piece = threadIdx.x / 32;
-    if (piece < issuers) {
-      if (threadIdx.x % 32 == 0) {
-        tma::prefetch_tensor_map(&kv_map);
-        uint32_t used0, used1;
-        tma::walk_segments<Cursor, kStages>(
-            p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-              tma::produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, u0, u1);
-            });
-      }
-    } else if constexpr (kVt) {
-      transpose_v<Traits, Cursor>(p, smem, piece - issuers, transposers);
+    if (piece < issuers && threadIdx.x % 32 == 0) {
+      tma::prefetch_tensor_map(&kv_map);
+      uint32_t used0, used1;
+      tma::walk_segments<Cursor, Traits::kStages>(
+          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+            tma::produce_chunks<Traits, kDirect>(p, w, &kv_map, smem, piece, u0, u1);
+          });
     }
     return;
   }
@@ -275,29 +149,19 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
 
-  typename Traits::TiledMmaQk mma_qk;
-  typename Traits::TiledMmaPv mma_pv;
+  Traits::TiledMmaQk mma_qk;
+  Traits::TiledMmaPv mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(wtid);
   auto thr_pv = mma_pv.get_thread_slice(wtid);
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q), Traits::SmemLayoutQ{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 18)
-  using SmemLayoutK = typename Traits::SmemLayoutK;
-  using SmemLayoutP = typename Traits::SmemLayoutP;
-  using SmemLayoutVt = typename Traits::SmemLayoutVt;
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor tSrT = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<Traits::kColsPerWg>, Int<kRows>>{});
   Tensor tOrT = partition_fragment_C(mma_pv, Shape<Int<64>, Int<kRows>>{});
-  // !kVt: V^T's registers (MMA, 1, 2); kVt: unused (V^T in shared memory).
-  auto tOrA = [&] {
-    if constexpr (kVt) {
-      return 0;
-    } else {
-      return thr_pv.partition_fragment_A(
-          make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));
-    }
-  }();
+  Tensor tOrA = thr_pv.partition_fragment_A(
+      make_tensor(make_smem_ptr(smem.k[0]), Layout<Shape<Int<64>, Int<kKeys>>>{}));  // (MMA,1,2)
   Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
   Tensor tOcO =
       thr_pv.partition_C(make_identity_tensor(Shape<Int<Traits::kColsPerWg>, Int<kRows>>{}));
@@ -318,7 +182,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
     if (cute::elect_one_sync()) mbar_arrive(cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage]);
   };
 
-  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bit: stage)
+  uint32_t used = 0;  // parities of the blocks each stage held before the segment (bits 0..3)
   if constexpr (kDirect) {
     tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, 1>(p, 0, blockIdx.x * kRows, ctid);
   }
@@ -378,70 +242,43 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
     float row_max[2] = {kNegInf, kNegInf};
     float row_sum[2] = {0.0f, 0.0f};
 
-    // O^T's m tile m += a V^T P^T of a partial t, a of the thread's 16 rows read where `owner`
-    // left them. Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one
-    // factor pair a load.
-    auto promote = [&](int m, auto& t, int par, int owner) {
-      warpgroup_fence_operand(t);
-      CUTE_UNROLL
-      for (int j = 0; j < size(t) / 4; ++j) {
-        const float2 f =
-            *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
-        CUTE_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = 4 * j + e;
-          tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), t(i));
-        }
-      }
-    };
-    // O^T = a O^T + V^T P^T of the block in `stage` (P in its rope chunk) over this consumer's V
-    // columns, one partial per m tile (O^T's 128 registers leave no room for two). Waits for its
-    // GEMMs. !kVt: V^T from registers, the next m tile's fragments loaded under the wait. kVt:
-    // V^T in place of the V chunks once transpose_v has written this consumer's half (phase
-    // `phase`), SS wgmmas.
-    auto pv_gemm = [&](int stage, int par, int owner, uint32_t phase) {
+    // O^T = a O^T + V^T P^T of the block in `stage` (P in its rope chunk), over this consumer's
+    // V columns; a of the thread's 16 rows read where `owner` left them (per m tile: held across
+    // the GEMMs, the 16 factors spilled). Waits for its GEMMs.
+    auto pv_gemm = [&](int stage, int par, int owner) {
       Tensor sP =
-          make_tensor(make_smem_ptr(reinterpret_cast<typename Traits::T*>(
+          make_tensor(make_smem_ptr(reinterpret_cast<Traits::T*>(
                           reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
-                      SmemLayoutP{});
+                      Traits::SmemLayoutP{});
       Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-      if constexpr (kVt) {
-        tma::mbar_wait(&smem.vt_full[stage][cw], phase);
+      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
+      uint32_t frag[2][2][4];  // [tile parity][k step][register]
+      auto load = [&](int m) {
+        few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
+                                      frag[m & 1]);
+      };
+      auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
+      // NOTE: one partial: O^T (128 registers), two partials and the fragments would not fit.
+      load(0);
+      issue(0);
+      CUTE_UNROLL
+      for (int m = 0; m < 4; ++m) {
+        if (m + 1 < 4) load(m + 1);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrT);
+        // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor
+        // pair a load.
         CUTE_UNROLL
-        for (int m = 0; m < 4; ++m) {
-          Tensor sV = make_tensor(make_smem_ptr(smem.k[stage] + (Traits::kLeftChunks * cw + m) *
-                                                                    Traits::kChunkCols * kKeys),
-                                  SmemLayoutVt{});
-          Tensor tOrV = thr_pv.partition_fragment_A(sV);  // (MMA, 1, 2)
-          warpgroup_fence_operand(tOrT);
-          warpgroup_arrive();
-          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+        for (int j = 0; j < size(tOrT) / 4; ++j) {
+          const float2 f =
+              *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
           CUTE_UNROLL
-          for (int k = 0; k < 2; ++k) {
-            cute::gemm(mma_pv, tOrV(_, _, k), tOrP(_, _, k), tOrT);
-            mma_pv.accumulate_ = GMMA::ScaleOut::One;
+          for (int e = 0; e < 4; ++e) {
+            const int i = 4 * j + e;
+            tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), tOrT(i));
           }
-          warpgroup_commit_batch();
-          warpgroup_wait<0>();
-          promote(m, tOrT, par, owner);
         }
-      } else {
-        const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-        uint32_t frag[2][2][4];  // [tile parity][k step][register]
-        auto load = [&](int m) {
-          few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
-                                        frag[m & 1]);
-        };
-        auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
-        load(0);
-        issue(0);
-        CUTE_UNROLL
-        for (int m = 0; m < 4; ++m) {
-          if (m + 1 < 4) load(m + 1);
-          warpgroup_wait<0>();
-          promote(m, tOrT, par, owner);
-          if (m + 1 < 4) issue(m + 1);
-        }
+        if (m + 1 < 4) issue(m + 1);
       }
       warpgroup_fence_operand(tOrO);
     };
@@ -454,14 +291,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
       const int stage0 = __shfl_sync(0xffffffffu, 2 * par, 0);
       const int stage1 = stage0 + 1;
       const int own_stage = cw == 0 ? stage0 : stage1;
-      const uint32_t phase0 = ((used >> stage0) + (round >> 1)) & 1;
-      const uint32_t phase1 = ((used >> stage1) + (round >> 1)) & 1;
-      const uint32_t phase = cw == 0 ? phase0 : phase1;
+      const uint32_t phase = ((used >> own_stage) + (round >> 1)) & 1;
       const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
 
       if (mine) {
         // ---- qk_gemm: S = Q K^T, three partials of three chunks, each chunk issued as it lands
-        Tensor sK = make_tensor(make_smem_ptr(smem.k[own_stage]), SmemLayoutK{});
+        Tensor sK = make_tensor(make_smem_ptr(smem.k[own_stage]), Traits::SmemLayoutK{});
         Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, 1, 18)
         auto issue = [&](int c0, auto& t) {
           warpgroup_fence_operand(t);
@@ -482,21 +317,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) tSrS(v) += tSrT(v);
         };
-        // kVt: S's reads of chunks 0..5, then 6..8, done: transpose_v may write V^T there.
-        auto s_done = [&](int h) {
-          if constexpr (kVt) {
-            __syncwarp();
-            if (cute::elect_one_sync()) mbar_arrive(&smem.s_done[own_stage][h]);
-          }
-        };
         issue(0, tSrS);
         issue(kPartialChunks, tSrT);
         warpgroup_wait<0>();
-        s_done(0);
         add();
         issue(2 * kPartialChunks, tSrT);
         warpgroup_wait<0>();
-        s_done(1);
         add();
       }
 
@@ -590,7 +416,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
         // other consumer reads its V columns after the hand-off).
         const int valid = min(kKeys, w.extent - key0);
         const int clean0 = min(valid, max(0, tile_limit - key0));
-        if (!kVt && clean0 < kKeys) {  // kVt: transpose_v cleans V^T
+        if (clean0 < kKeys) {
           tma::clean_v_rows_e4m3(stage_bytes, kKeys, kL / Traits::kChunkCols, clean0, valid, wtid,
                                  128);
         }
@@ -614,12 +440,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
       }
       if (cw == 1) {
         // ---- O_R = a0 O_R + V0_R^T P0^T ----
-        pv_gemm(stage0, par, 0, phase0);
+        pv_gemm(stage0, par, 0);
         release(stage0);
       }
       if (mine) {
         // ---- this consumer's own block: O^T = a O^T + V^T P^T ----
-        pv_gemm(own_stage, par, cw, phase);
+        pv_gemm(own_stage, par, cw);
         release(own_stage);
       }
 
@@ -631,7 +457,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
           row_max[s] = smem.max[par][1][my_row[s]];
           row_sum[s] *= smem.scale[par][1][my_row[s]];
         }
-        pv_gemm(stage1, par, 1, phase1);
+        pv_gemm(stage1, par, 1);
         release(stage1);
       }
     }
@@ -702,41 +528,24 @@ __global__ void __launch_bounds__(Fp8SeesawTraits<kVt>::kThreads, 1)
         }
       }
     }
-    // The blocks each stage and buffer held, as the producer and transpose_v count (block i in
-    // stage i % kStages, buffer i % 2).
+    // The blocks each stage held, as the producer counts (block i in stage i % 4).
     // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its
     // load; out_row, out_scale and row_nan are read above before any thread gets there.
     const uint32_t n = num_blocks;
 #pragma unroll
-    for (uint32_t st = 0; st < kStages; ++st) {
-      used ^= (((n + kStages - 1 - st) / kStages) & 1) << st;
-    }
+    for (uint32_t st = 0; st < 4; ++st) used ^= (((n + 3 - st) / 4) & 1) << st;
   }
 }
 
-template <Elem Q, Elem KV, bool kVt>
-cudaError_t launch_seesaw_fp8_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                                 int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
-  using Traits = Fp8SeesawTraits<kVt>;
-  constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel =
-      direct_split ? &seesaw_fp8_kernel<Q, KV, true, kVt> : &seesaw_fp8_kernel<Q, KV, false, kVt>;
+template <Elem Q, Elem KV>
+cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
+  constexpr size_t smem = Fp8SeesawTraits::kSmemBytes;
+  auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true> : &seesaw_fp8_kernel<Q, KV, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, kv_map);
-}
-
-// vt: V^T transposed in place by the producer warps (Fp8SeesawTraits<true>), where pages of 32
-// keys and up leave at least one producer warp without boxes to issue.
-template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, bool vt, cudaStream_t stream,
-                              bool pdl) {
-  if (vt && params.page_size >= 32) {
-    return launch_seesaw_fp8_as<Q, KV, true>(params, kv_map, num_tiles, direct_split, stream, pdl);
-  }
-  return launch_seesaw_fp8_as<Q, KV, false>(params, kv_map, num_tiles, direct_split, stream, pdl);
+  return launch(kernel, grid, dim3(Fp8SeesawTraits::kThreads), smem, stream, pdl, params, kv_map);
 }
 
 }  // namespace mla::sm90::seesaw
