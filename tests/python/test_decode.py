@@ -16,22 +16,15 @@ import pytest
 
 import mla_decode
 from cases import fp8_ds_mla_cache, make_case, random_mask, sparse_case
-
-# float16 out from fp32 accumulation (values of magnitude ~1): half an ulp plus accumulation error.
-OUT_TOL = dict(rtol=2e-3, atol=2e-3)
-LSE_TOL = dict(rtol=1e-5, atol=1e-4)
+from tolerance import assert_lse_close, assert_out_close
 
 
-def check(out, lse, ref_out, ref_lse, out_tol=OUT_TOL, lse_tol=LSE_TOL):
-    out = np.asarray(out).astype(np.float64)
-    assert out.shape == ref_out.shape
-    assert not np.isnan(out).any(), "out holds NaN (unwritten or poisoned read)"
-    np.testing.assert_allclose(out, ref_out, **out_tol)
+def check(out, lse, ref_out, ref_lse):
+    """out and lse against the reference within the error model of tolerance.py (out's own dtype
+    names its rounding)."""
+    assert_out_close(out, ref_out)
     if lse is not None:
-        lse = np.asarray(lse).astype(np.float64)
-        assert lse.shape == ref_lse.shape
-        assert not np.isnan(lse).any(), "lse holds NaN"
-        np.testing.assert_allclose(lse, ref_lse, **lse_tol)
+        assert_lse_close(lse, ref_lse)
 
 
 def run_case(case, **overrides):
@@ -85,11 +78,8 @@ def test_causal_q_len_gt_1(rng):
     out, lse = run_case(case)
     check(out, lse, *case.reference())
     # Token 0 of request 0 sees exactly key 0: its output is that key's value row.
-    np.testing.assert_allclose(
-        out[0, 0, 0].astype(np.float64),
-        case.kv_cache[case.block_tables[0, 0], 0, : case.kv_lora_rank].astype(np.float64),
-        **OUT_TOL,
-    )
+    key0 = case.kv_cache[case.block_tables[0, 0], 0, : case.kv_lora_rank]
+    assert_out_close(out[0, 0, 0], key0.astype(np.float64))
 
 
 @pytest.mark.parametrize("max_q_len", [None, 4])
@@ -252,7 +242,7 @@ def test_bfloat16_out_via_ml_dtypes(rng):
     case = make_case(rng, batch=2, q_len=2)
     out = np.full(case.query.shape[:-1] + (case.kv_lora_rank,), np.nan, dtype=ml_dtypes.bfloat16)
     mla_decode.batch_decode(*case.args(), out=out, **case.kwargs())
-    check(out, None, *case.reference(), out_tol=dict(rtol=1e-2, atol=1e-2))
+    check(out, None, *case.reference())
 
 
 @pytest.mark.parametrize(
@@ -272,7 +262,7 @@ def test_spec_dtype_pairs_via_ml_dtypes(rng, q_dtype, kv_dtype):
     assert out.dtype.name == expected_out
     # The reference decodes the same low-precision inputs to float64, so only rounding of the
     # 16-bit output and fp32 accumulation remain.
-    check(out, None, *case.reference(), out_tol=dict(rtol=1e-2, atol=1e-2))
+    check(out, None, *case.reference())
 
 
 def test_batch_zero():
@@ -418,9 +408,6 @@ def ds_mla_case(rng, **kw):
     return case
 
 
-BF16_OUT_TOL = dict(rtol=1e-2, atol=1e-2)
-
-
 @pytest.mark.parametrize("kv_4d", [False, True])
 def test_fp8_ds_mla_dense(rng, kv_4d):
     case = ds_mla_case(rng, batch=3, q_len=2, heads=16, page_size=16, seq_lens=[40, 1, 17])
@@ -428,7 +415,7 @@ def test_fp8_ds_mla_dense(rng, kv_4d):
         case.kv_cache = case.kv_cache[:, None]
     out, lse = mla_decode.batch_decode(*case.args(), return_lse=True, **case.kwargs())
     assert out.dtype.name == "bfloat16"
-    check(out, lse, *case.reference(), out_tol=BF16_OUT_TOL)
+    check(out, lse, *case.reference())
 
 
 def test_fp8_ds_mla_ragged_with_mask_and_sinks(rng):
@@ -437,7 +424,7 @@ def test_fp8_ds_mla_ragged_with_mask_and_sinks(rng):
     sinks = rng.standard_normal(4).astype(np.float32)
     out, lse = mla_decode.batch_decode(*case.args(), return_lse=True,
                                        **case.kwargs(mask=mask, sinks=sinks))
-    check(out, lse, *case.reference(mask=mask, sinks=sinks), out_tol=BF16_OUT_TOL)
+    check(out, lse, *case.reference(mask=mask, sinks=sinks))
 
 
 def test_fp8_ds_mla_sparse(rng):
@@ -448,7 +435,7 @@ def test_fp8_ds_mla_sparse(rng):
     kw = dict(sparse_indices=indices, sparse_top_k=top_k, sparse_topk_lens=lens)
     out, lse = mla_decode.batch_decode(case.query, case.kv_cache, None, case.seq_lens,
                                        return_lse=True, **case.kwargs(**kw))
-    check(out, lse, *case.reference(**kw), out_tol=BF16_OUT_TOL)
+    check(out, lse, *case.reference(**kw))
 
 
 def test_fp8_ds_mla_reference_decodes_what_was_encoded(rng):
@@ -480,8 +467,8 @@ def run_nan_case(case, **kw):
     nan_rows = np.isnan(ref_lse)
     assert (np.isnan(out) == nan_rows[..., None]).all(), "NaN rows of out differ from the reference"
     assert (np.isnan(lse) == nan_rows).all(), "NaN rows of lse differ from the reference"
-    np.testing.assert_allclose(out[~nan_rows].astype(np.float64), ref_out[~nan_rows], **OUT_TOL)
-    np.testing.assert_allclose(lse[~nan_rows], ref_lse[~nan_rows], **LSE_TOL)
+    assert_out_close(out[~nan_rows], ref_out[~nan_rows])
+    assert_lse_close(lse[~nan_rows], ref_lse[~nan_rows])
     return nan_rows
 
 
