@@ -691,10 +691,15 @@ void attended_slots(const Config& c, const Step& s, int64_t b, int64_t i,
 // sum_j p_j |v_jl| / Z over the row's attended keys j (p_j = exp(s_j - max s), Z = sum_j p_j, v_j
 // the first L values of key j), and score_err, the probable fp32 error of one score:
 // 4 sqrt(D) 2^-24 x max_j bmm1_scale sum_d |q_d k_jd| (Higham and Mary's sqrt(n) estimate of a
-// length-D fp32 dot product, with a factor 4 of margin).
+// length-D fp32 dot product, with a factor 4 of margin). For an e4m3 query (the FP8 tensor
+// cores) also score_err8 = 6 2^-11 x the same maximum, the bound of tests/common/fp8_mma.h on a
+// score summed in their narrower format, and tail[l] = sum_j min(p_j, 2^-18) |v_jl| / Z, what e4m3
+// P's subnormal range can move out_l by.
 struct RowMagnitudes {
   std::vector<double> abs_sum;  // [L]
+  std::vector<double> tail;     // [L]
   double score_err = 0.0;
+  double score_err8 = 0.0;
 };
 
 // The magnitudes of request b's q_len x heads rows, on every hardware thread.
@@ -731,16 +736,23 @@ std::vector<RowMagnitudes> row_magnitudes(const Config& c, const Step& s, int64_
       }
       RowMagnitudes& m = out[static_cast<size_t>(r)];
       m.abs_sum.assign(static_cast<size_t>(L), 0.0);
+      m.tail.assign(static_cast<size_t>(L), 0.0);
       m.score_err = 4.0 * std::sqrt(static_cast<double>(D)) * 0x1.0p-24 * max_magnitude;
+      m.score_err8 = 6.0 * 0x1.0p-11 * max_magnitude;
       double z = 0.0;
       for (int64_t j = 0; j < n; ++j) {
         const double p = std::exp(scores[j] - max_score);
+        const double p_tail = std::min(p, 0x1.0p-18);
         z += p;
         decode_kv_row(s, slots[j], L, k.data());
-        for (int64_t l = 0; l < L; ++l) m.abs_sum[l] += p * std::fabs(k[l]);
+        for (int64_t l = 0; l < L; ++l) {
+          m.abs_sum[l] += p * std::fabs(k[l]);
+          m.tail[l] += p_tail * std::fabs(k[l]);
+        }
       }
       if (z > 0.0) {
         for (double& a : m.abs_sum) a /= z;
+        for (double& a : m.tail) a /= z;
       }
     }
   };
@@ -787,6 +799,13 @@ struct CheckResult {
 //   (values up to 7.5), far above it wherever the missing weight is more than a few percent.
 //   An fp8_ds_mla cache's decoded values (e4m3 x its group's scale) are bounded like a 16-bit
 //   cache's, but the bound above holds for any cache, and it is the one used for both fp8 kinds.
+// - an e4m3 query over an e4m3 cache: the FP8 tensor cores (docs/sm90-fp8.md) round P to e4m3
+//   (half an ulp: 2^-4 relative, so 2 u_P = 2^-3; below its normal range p_j moves by at most
+//   min(p_j, 2^-18), twice tail_l in numerator and sum) and sum each score and each block's P V
+//   partial in their narrower format (tests/common/fp8_mma.h: a score within E = score_err8, a
+//   partial within 2^-10 relative): allowed_l = (2^-3 + 3 u_out + 2^-11 + 2^-10 + (e^(2E) - 1) +
+//   4 e) A_l + 2 tail_l + 2^-22. The kernels that keep P in 16 or 32 bits on this pair (page
+//   sizes below 16, the direct split's short runs) are within it too.
 // Sparse calls re-run the request with its own rows of sparse_indices and sparse_topk_lens against
 // the whole pool, and the sums run over its counted entries (attended_slots).
 // A no-op step (no query tokens) has nothing to check; NaN never passes.
@@ -799,6 +818,7 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
   const size_t q_row_bytes = static_cast<size_t>(c.q_len * c.heads * D) * dtype_bytes(s.q_dtype);
   const size_t out_elems = static_cast<size_t>(c.q_len * c.heads * c.kv_lora_rank);
   const bool fp8_cache = s.kv_dtype == mla::dtype::kFloat8E4M3 || s.ds_mla;
+  const bool fp8_mma = fp8_cache && s.q_dtype == mla::dtype::kFloat8E4M3;
   const bool bf = s.out_dtype == mla::dtype::kBFloat16;
   const double u_out = bf ? 0x1.0p-8 : 0x1.0p-11, u_p = 0x1.0p-8;
   const int64_t samples[] = {0, c.batch / 2, c.batch - 1};
@@ -852,8 +872,15 @@ CheckResult check_sample(const Config& c, const Step& s, bool bitwise) {
       double allowed = std::fabs(fy) / 128 + 1e-3;
       if (fp8_cache) {
         const RowMagnitudes& m = rows[e / static_cast<size_t>(c.kv_lora_rank)];
-        const double a = m.abs_sum[e % static_cast<size_t>(c.kv_lora_rank)];
+        const size_t l = e % static_cast<size_t>(c.kv_lora_rank);
+        const double a = m.abs_sum[l];
         allowed = (2 * u_p + 3 * u_out + 0x1.0p-11 + 4 * m.score_err) * a + 0x1.0p-22;
+        if (fp8_mma) {
+          allowed = (0x1.0p-3 + 3 * u_out + 0x1.0p-11 + 0x1.0p-10 + std::expm1(2 * m.score_err8) +
+                     4 * m.score_err) *
+                        a +
+                    2 * m.tail[l] + 0x1.0p-22;
+        }
       }
       if (!(diff <= allowed)) r.ok = false;
       r.worst = std::isnan(diff) ? HUGE_VAL : std::max(r.worst, diff / allowed);
