@@ -3,8 +3,8 @@ for the Python tests, against the float64 reference.
 
 out, per row (the kv_lora_rank values of one (token, head)):
     |got - ref| <= atol_row * max|ref over the row| + rtol * |ref| + atol_abs
-- rtol: the final rounding to the out dtype, twice half an ulp (2^-8 relative for bfloat16,
-  2^-11 for float16);
+- rtol: the final rounding to the out dtype, twice its half ulp (half an ulp is 2^-8 relative
+  for bfloat16, 2^-11 for float16: rtol 2^-7 and 2^-10);
 - atol_abs: float16's subnormal range, where the spacing is a fixed 2^-24 (bfloat16 has float32's
   range: no floor);
 - atol_row (1e-4): float32 accumulation in the softmax and the weighted sum, which scales with the
