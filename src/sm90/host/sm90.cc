@@ -402,6 +402,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       // docs/sm90-seesaw.md, The query tile).
       k.query_tma =
           switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
+      k.hold_first_s = switches().hold_first_s ? 1 : 0;
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }
     case Kernel::kSimt:

@@ -32,6 +32,8 @@ struct Switches {
   // MLA_SM90_QUERY_TMA=0: the seesaw kernel's consumers load each query tile through their
   // registers, not through the query tensor map (tma::make_query_tensor_map).
   bool query_tma = true;
+  // MLA_SM90_HOLD_FIRST_S=0: both consumers issue a segment's first S GEMMs at once.
+  bool hold_first_s = true;
   // MLA_SM90_CONSUMER_FENCE=0: the few-rows sparse producer that gathers e4m3 rows a block ahead
   // fences each chunk itself before publishing it, instead of its consumers after their wait.
   bool consumer_fence = true;

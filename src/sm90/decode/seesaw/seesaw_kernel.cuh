@@ -646,6 +646,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           // the whole block, each 64-column chunk issued as it lands ----
           Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
           Tensor tSrK = thr_qk.partition_fragment_B(sK);
+          // p.hold_first_s: a segment's first two S GEMMs one after the other (round 0 has a
+          // block for consumer 1), so that consumer 0's, on the round's path, runs alone.
+          const bool hold = p.hold_first_s != 0 && round == 0 && has_odd;
+          if (hold && cw == 1) {
+            named_barrier_sync(barrier_id(NamedBarrier::kFirstS), Traits::kConsumerThreads);
+          }
           tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
             // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
             warpgroup_commit_batch();
@@ -654,6 +660,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             if (deferred) release(1);
             deferred = false;
           });
+          if (hold && cw == 0) {
+            named_barrier_arrive(barrier_id(NamedBarrier::kFirstS), Traits::kConsumerThreads);
+          }
         }
 
         if (cw == 1) {

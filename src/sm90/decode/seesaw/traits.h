@@ -52,6 +52,7 @@ enum class NamedBarrier : uint32_t {
   kVoteSecond = 7,
   kDeferFirst = 8,  // consumer warpgroup 0: the next round's first chunk has landed (vote)
   kWiden = 9,       // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
+  kFirstS = 10,     // a segment's first round: consumer 0's S is done (p.hold_first_s)
 };
 
 template <Elem E>
