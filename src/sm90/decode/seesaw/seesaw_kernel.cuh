@@ -647,8 +647,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
           Tensor tSrK = thr_qk.partition_fragment_B(sK);
           // p.hold_first_s: a segment's first two S GEMMs one after the other (round 0 has a
-          // block for consumer 1), so that consumer 0's, on the round's path, runs alone.
-          const bool hold = p.hold_first_s != 0 && round == 0 && has_odd;
+          // block for consumer 1), so that consumer 0's, on the round's path, runs alone. Not on
+          // the direct split (one segment a CTA: nothing measurable, and its kClean instantiation
+          // spilled 20 bytes with it).
+          const bool hold = !kDirect && p.hold_first_s != 0 && round == 0 && has_odd;
           if (hold && cw == 1) {
             named_barrier_sync(barrier_id(NamedBarrier::kFirstS), Traits::kConsumerThreads);
           }
