@@ -6,9 +6,10 @@
 #   scripts/gpu_check.sh [LOG_DIR]        logs go to LOG_DIR (default: build/gpu-check)
 #
 # The sanitizers run over groups of tests (below), each (tool, group) pair a process of its own,
-# MLA_SANITIZE_JOBS of them at a time on the one GPU, so that the step takes about as long as its
+# MLA_SANITIZE_JOBS of them at a time on each GPU, so that the step takes about as long as its
 # slowest process rather than their sum (racecheck over all the decode groups in one process ran
-# past 430 s on an H100).
+# past 430 s on an H100). On a host of several GPUs the work spreads over them: pytest runs on the
+# second GPU beside CTest on the first, and the sanitizer processes go to the GPUs in turn.
 #
 # Environment:
 #   MLA_PYTHON              interpreter with PyTorch, apache-tvm-ffi, numpy, ml_dtypes and pytest
@@ -33,7 +34,9 @@
 #                           ring, the bf16-query routes)
 #   MLA_SANITIZE_TOOLS      the tools to run (default: memcheck racecheck synccheck initcheck)
 #   MLA_SANITIZE_TIMEOUT    seconds each (tool, group) process may take (default 420)
-#   MLA_SANITIZE_JOBS       processes at a time (default 8)
+#   MLA_SANITIZE_JOBS       processes at a time on each GPU (default 8)
+#   MLA_GPU_CHECK_GPUS      the GPUs to use, as CUDA_VISIBLE_DEVICES names them (default: those
+#                           CUDA_VISIBLE_DEVICES lists, else every GPU nvidia-smi lists)
 # racecheck: LOG_DIR/sanitize-racecheck-GROUP.log holds the first 2000 hazards and the total, and
 # LOG_DIR/sanitize-racecheck-GROUP.classes counts the displayed ones by their two source lines and by
 # test, and names the tests run after the last displayed one when the limit hid some; the
@@ -51,6 +54,15 @@ note() { summary+=("$1"); echo "gpu_check: $1" >&2; }
 
 steps=" ${MLA_GPU_CHECK_STEPS:-build suite sanitize} "
 
+# The GPUs to spread the suite and the sanitizer processes over (one entry: all on that GPU).
+gpu_list=${MLA_GPU_CHECK_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
+if [ -z "$gpu_list" ]; then
+  n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  gpu_list=$(seq -s, 0 $((${n:-1} > 0 ? ${n:-1} - 1 : 0)))
+fi
+IFS=',' read -r -a gpus <<<"$gpu_list"
+[ ${#gpus[@]} -gt 0 ] || gpus=(0)
+
 # ---- build ----
 export PATH="$PATH:/usr/local/cuda/bin"
 if [[ $steps != *" build "* ]]; then
@@ -67,15 +79,27 @@ fi
 
 # ---- the suite ----
 if [[ $steps == *" suite "* ]]; then
-  (cd "$root/build" && ctest --output-on-failure -j 4) >"$logs/ctest.log" 2>&1
+  # pytest on the second GPU where there is one, beside CTest on the first; else after it.
+  run_pytest() {
+    CUDA_VISIBLE_DEVICES=$1 MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" \
+      PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+      "$python" -m pytest "$root/tests/python" -q >"$logs/pytest.log" 2>&1
+    echo $? >"$logs/pytest.rc"
+  }
+  pytest_pid=
+  if [ ${#gpus[@]} -gt 1 ]; then
+    run_pytest "${gpus[1]}" &
+    pytest_pid=$!
+  fi
+  (cd "$root/build" && CUDA_VISIBLE_DEVICES=${gpus[0]} ctest --output-on-failure -j 4) \
+    >"$logs/ctest.log" 2>&1
   rc=$?
   note "ctest: $(grep -E 'tests passed|tests failed' "$logs/ctest.log" | tail -1) (rc $rc)"
   [ $rc -eq 0 ] || failed=1
-  MLA_DECODE_LIBRARY="$root/build/libmla_decode_ffi.so" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
-    "$python" -m pytest "$root/tests/python" -q >"$logs/pytest.log" 2>&1
-  rc=$?
+  if [ -n "$pytest_pid" ]; then wait "$pytest_pid"; else run_pytest "${gpus[0]}"; fi
+  rc=$(cat "$logs/pytest.rc" 2>/dev/null || echo missing)
   note "pytest: $(tail -1 "$logs/pytest.log") (rc $rc)"
-  [ $rc -eq 0 ] || failed=1
+  [ "$rc" = 0 ] || failed=1
 fi
 
 # ---- compute-sanitizer over the sm90 tests ----
@@ -116,8 +140,8 @@ fi
 tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 # One (tool, group) process; its rc goes to LOG.rc.
 sanitize_one() {
-  local tool=$1 name=$2 bin=$3 filter=$4 env=$5 shard=$6
-  local log="$logs/sanitize-$tool-$name.log" extra=() vars=()
+  local tool=$1 name=$2 bin=$3 filter=$4 env=$5 shard=$6 gpu=$7
+  local log="$logs/sanitize-$tool-$name.log" extra=() vars=("CUDA_VISIBLE_DEVICES=$gpu")
   [ "$tool" = racecheck ] && extra=(--racecheck-report hazard)
   [ -n "$env" ] && vars+=("$env")
   [ -n "$shard" ] && vars+=("GTEST_SHARD_INDEX=${shard%/*}" "GTEST_TOTAL_SHARDS=${shard#*/}")
@@ -133,16 +157,16 @@ sanitize_one() {
   echo "$((SECONDS - t0)) s" >"$log.time"
 }
 if [[ $steps == *" sanitize "* ]]; then
-  running=0
+  running=0 next=0
   for tool in $tools; do
     for g in "${groups[@]}"; do
       IFS='|' read -r name bin filter env shard <<<"$g"
-      if [ "$running" -ge "${MLA_SANITIZE_JOBS:-8}" ]; then
+      if [ "$running" -ge $((${MLA_SANITIZE_JOBS:-8} * ${#gpus[@]})) ]; then
         wait -n
         running=$((running - 1))
       fi
-      sanitize_one "$tool" "$name" "$bin" "$filter" "$env" "$shard" &
-      running=$((running + 1))
+      sanitize_one "$tool" "$name" "$bin" "$filter" "$env" "$shard" "${gpus[next % ${#gpus[@]}]}" &
+      running=$((running + 1)) next=$((next + 1))
     done
   done
   wait
