@@ -2,11 +2,11 @@
 
 Each seed draws one call: heads 1..128, dense q_len 1..16 (causal) or ragged lengths 0..16, page
 sizes 1..256, seq_lens from 0 and below q_len to 70K, every dtype pair (an e4m3 query over an
-e4m3 cache runs dense calls on the FP8 tensor cores, with their own allowance below), bf16 or fp16
-out, 3-D or 4-D KV, padded query strides, sinks, custom masks, sparse top-k with and without lens,
-scales as floats or device tensors, skip-softmax at f = 1e-30 (the dense result), PDL and the
-checked mode. Outputs are NaN-poisoned, unused KV rows and pages hold NaN, unused block_tables
-slots an invalid page.
+e4m3 cache runs dense calls, and sparse calls of at most 32 heads, on the FP8 tensor cores, with
+their own allowance below), bf16 or fp16 out, 3-D or 4-D KV, padded query strides, sinks, custom
+masks, sparse top-k with and without lens, scales as floats or device tensors, skip-softmax at
+f = 1e-30 (the dense result), PDL and the checked mode. Outputs are NaN-poisoned, unused KV rows
+and pages hold NaN, unused block_tables slots an invalid page.
 Skipped unless PyTorch sees a compute-capability 9.0 GPU and this build has the sm90 backend.
 """
 
@@ -146,9 +146,12 @@ def test_random_contract_case(seed):
     tol = max(OUT_TOL[q_dt], OUT_TOL[kv_dt], OUT_TOL[out_dt])
     lse_tol = LSE_ATOL + LSE_RTOL * np.abs(ref_lse)
     out_extra = 0.0
-    if q_dt == "float8_e4m3fn" and not sparse:
+    heads = case.query.shape[-2]
+    if q_dt == "float8_e4m3fn" and (not sparse or heads <= 32):
         # The FP8 tensor cores (every dense call of an e4m3 query over an e4m3 cache that the TMA
-        # kernels take: the few-rows kernel and its tiles; tests/common/fp8_mma.h): the scores
+        # kernels take: the few-rows kernel and its tiles; and the sparse calls of at most 32
+        # heads, whose tiles of one token's heads the few-rows kernel runs on the same data flow:
+        # docs/sm90-sparse.md; tests/common/fp8_mma.h): the scores
         # accumulate in a narrower format, a score moving by up to
         # E = 3 2^-10 |bmm1| sum_d |q_d k_d| <= 3 2^-10 |bmm1| sum_d |q_d| max |k|, and lse with
         # it; out moves by up to exp(2E) - 1 of sum_j p_j |v_j| / Z <= |bmm2| max |v| for the
