@@ -444,7 +444,8 @@ void plan(const Problem& p, const DecodeParams& prm) {
   const int max_blocks = static_cast<int>(ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys));
   MLA_CUDA_CHECK(
       schedule::launch_schedule(k, out, static_cast<int>(p.max_q_len), max_blocks,
-                                static_cast<int>(route.schedule_fixed_blocks), layout.rows,
+                                static_cast<int>(route.schedule_fixed_blocks),
+                                static_cast<int>(switches().schedule_uniform_slack), layout.rows,
                                 static_cast<cudaStream_t>(prm.stream), prm.enable_pdl),
       "launching the schedule kernel");
 }

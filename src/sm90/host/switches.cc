@@ -26,6 +26,9 @@ Switches read_switches() {
   s.max_splits = env_int("MLA_SM90_MAX_SPLITS");
   const int64_t fixed = env_int("MLA_SM90_SCHEDULE_FIXED");
   if (fixed > 0) s.schedule_fixed_blocks = std::min<int64_t>(fixed, 1 << 20);
+  if (std::getenv("MLA_SM90_UNIFORM_SLACK") != nullptr) {
+    s.schedule_uniform_slack = std::clamp<int64_t>(env_int("MLA_SM90_UNIFORM_SLACK"), 0, 1000000);
+  }
   s.direct_split = env_string("MLA_SM90_DIRECT") != "0";
   s.few_rows_schedule = env_string("MLA_SM90_FEW_ROWS_SCHEDULE") != "0";
   s.fp8_direct = env_string("MLA_SM90_FP8_DIRECT") != "0";

@@ -21,6 +21,10 @@ struct Switches {
   // MLA_SM90_SCHEDULE_FIXED=N (N > 0, at most 2^20): the balanced schedule's fixed cost per
   // request, in blocks.
   int64_t schedule_fixed_blocks = ::mla::sm90::schedule::kFixedBlocks;
+  // MLA_SM90_UNIFORM_SLACK=N (N >= 0, at most 10^6): how much longer (percent) the balanced
+  // schedule's uniform split of equal requests may run than the even share before the even share
+  // is taken instead (a large N: the uniform split wherever it applies).
+  int64_t schedule_uniform_slack = ::mla::sm90::schedule::kUniformSlackPercent;
   // MLA_SM90_DIRECT=0: a call of one request runs on the balanced schedule, not the direct split.
   bool direct_split = true;
   // MLA_SM90_FEW_ROWS_SCHEDULE=0: a few-rows call of several requests runs on uniform splits, not

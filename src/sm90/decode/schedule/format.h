@@ -15,6 +15,9 @@ namespace mla::sm90::schedule {
 // [k * part_blocks, (k + 1) * part_blocks). A request's piece in one part is a segment; segment i
 // of request b writes partial rows [row_base + i * rows, row_base + (i + 1) * rows).
 inline constexpr int kFixedBlocks = 8;
+// Equal requests take the uniform split (schedule_kernel.cu) unless its runs are longer than the
+// even share by more than this many percent (docs/sm90-seesaw.md, Work split).
+inline constexpr int kUniformSlackPercent = 5;
 inline constexpr int kMaxParts = 1024;
 
 struct Request {

@@ -7,7 +7,8 @@
 //           ceil(total / parts), or, where every request with a block costs the same, a multiple
 //           of that cost up to 10% above it, or, where there are at least two parts for each such
 //           request, the uniform split: k = parts / requests equal runs of each request's blocks,
-//           each request starting a part (its line stride k runs, no fixed cost);
+//           each request starting a part (its line stride k runs, no fixed cost), unless those
+//           runs are longer than the even share by more than `uniform_slack` percent;
 //   pass 2: the parts a request's blocks fall in give its segment count; a second scan of
 //           segments x rows gives its first partial row, and of the tokens the combine merges
 //           (those of requests without exactly one segment) their place on its list; each part
@@ -35,7 +36,7 @@ __device__ __forceinline__ int blocks_of(int seq_len, int max_blocks) {
 
 __global__ void __launch_bounds__(kThreads)
     schedule_kernel(const __grid_constant__ DecodeKernelParams p, Outputs out, int max_q_len,
-                    int max_blocks, int fixed, int64_t max_rows) {
+                    int max_blocks, int fixed, int uniform_slack, int64_t max_rows) {
   using Scan = cub::BlockScan<int, kThreads>;
   using Scan64 = cub::BlockScan<long long, kThreads>;
   __shared__ union {
@@ -100,19 +101,26 @@ __global__ void __launch_bounds__(kThreads)
   // one segment. The even share would cut the line across request boundaries, putting two
   // segments (two query tiles, two partial stores, the ring drained between them) on most parts
   // for the same blocks (B64 q2 H16 on the few-rows kernel: +6%).
+  // NOTE: k = parts / requests leaves parts % requests parts idle (B8 q3 H64: 44 parts, k = 5, 40
+  // in use, runs of 52 blocks against an even share of 48 positions); where the runs are longer
+  // than the even share by more than `uniform_slack` percent, the even share is taken: each of its
+  // parts is a run of blocks and one segment's overhead as the uniform split's are, except the few
+  // that hold a request's start (two segments over fewer blocks).
   const int even = max(1, (total + parts - 1) / parts);
   int per = even;
   int stride = 0;    // > 0: the uniform split, the line positions of each request
   int lead = fixed;  // positions before a request's first block
   if (max_cost > 0 && min_cost == max_cost) {
     const int k = parts / active;
-    if (k >= 2) {
-      const int blocks = max_cost - fixed;
-      per = (blocks + k - 1) / k;
+    const int blocks = max_cost - fixed;
+    const int uniform = k >= 2 ? (blocks + k - 1) / k : 0;  // the uniform split's run
+    if (k >= 2 &&
+        static_cast<int64_t>(uniform) * 100 <= static_cast<int64_t>(even) * (100 + uniform_slack)) {
+      per = uniform;
       stride = k * per;
       lead = 0;
       pos0 = pos0 / max_cost * stride;  // every request before b_begin has a block or costs 0
-    } else {
+    } else if (k < 2) {
       const int64_t whole = static_cast<int64_t>((even + max_cost - 1) / max_cost) * max_cost;
       if (whole * 100 <= static_cast<int64_t>(even) * (100 + kSlackPercent)) {
         per = static_cast<int>(whole);
@@ -197,10 +205,10 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t launch_schedule(const DecodeKernelParams& params, const Outputs& out, int max_q_len,
-                            int max_blocks, int fixed_blocks, int64_t max_rows, cudaStream_t stream,
-                            bool pdl) {
+                            int max_blocks, int fixed_blocks, int uniform_slack, int64_t max_rows,
+                            cudaStream_t stream, bool pdl) {
   return launch(&schedule_kernel, dim3(1), dim3(kThreads), 0, stream, pdl, params, out, max_q_len,
-                max_blocks, fixed_blocks, max_rows);
+                max_blocks, fixed_blocks, uniform_slack, max_rows);
 }
 
 }  // namespace mla::sm90::schedule
