@@ -880,12 +880,12 @@ std::vector<Case> schedule_cases() {
   c.q_len = 3;  // 24 rows: N = 32
   add(c);
   // Equal lengths whose uniform split leaves parts idle by more than kUniformSlackPercent: the
-  // even share instead (schedule_kernel.cu). 128 parts (one tile a request; kMaxSplits) over 33
-  // requests of 48 blocks: k = 3, runs of 16 blocks on 99 parts, against an even share of 15
-  // positions; most parts then hold one segment, those with a request's start two. The few-rows
-  // kernel (H 8) and the seesaw kernel (H 40, padding rows).
+  // even share instead (schedule_kernel.cu). On a GPU of 132 SMs, 132 parts (one tile a request)
+  // over 34 requests of 48 blocks: k = 3, runs of 16 blocks on 102 parts, against an even share
+  // of 15 positions; most parts then hold one segment, those with a request's start two. The
+  // few-rows kernel (H 8) and the seesaw kernel (H 40, padding rows).
   c = Case();
-  c.B = 33;
+  c.B = 34;
   c.H = 8;
   c.q_len = 1;
   c.page_size = 64;
