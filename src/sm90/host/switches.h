@@ -49,6 +49,12 @@ struct Switches {
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).
   int64_t fp8_seesaw_min_blocks = 0;  // 0: the route's own
+  // MLA_SM90_COMBINE_WORDS=0: the combine stores out value by value (2-byte stores), not as one
+  // 8-byte word of four values where out's address and strides allow it.
+  bool combine_words = true;
+  // MLA_SM90_COMBINE_ITEMS=N (N > 0, at most 64): the combine's grid holds at most items / N CTAs
+  // (each CTA takes at least N items), below its one wave of resident CTAs.
+  int64_t combine_items = 1;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

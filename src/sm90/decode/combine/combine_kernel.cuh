@@ -232,10 +232,18 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
           if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
           const int64_t o = out_offset(p, t, h + r) + c;
           if (c < p.kv_lora_rank) {  // out rows are L wide, the partial rows 512
-            OT::store(out, o + 0, v.x * ro.scale);
-            OT::store(out, o + 1, v.y * ro.scale);
-            OT::store(out, o + 2, v.z * ro.scale);
-            OT::store(out, o + 3, v.w * ro.scale);
+            if (p.out_vec8) {
+              // NOTE: one 8-byte word: each 32-byte sector of out written once, whole, rather
+              // than in four 2-byte parts (c, L and out's strides are multiples of 4 values).
+              const uint2 word = make_uint2(pack_out(p, v.x * ro.scale, v.y * ro.scale),
+                                            pack_out(p, v.z * ro.scale, v.w * ro.scale));
+              *reinterpret_cast<uint2*>(out + o) = word;
+            } else {
+              OT::store(out, o + 0, v.x * ro.scale);
+              OT::store(out, o + 1, v.y * ro.scale);
+              OT::store(out, o + 2, v.z * ro.scale);
+              OT::store(out, o + 3, v.w * ro.scale);
+            }
           }
           if (p.lse != nullptr && threadIdx.x == 0 && chunk == 0) {
             p.lse[lse_offset(p, t, h + r)] = ro.lse;
@@ -281,8 +289,8 @@ cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
 // B = 1), more than a second batch of loads (docs/sm90-combine.md); where rows have few splits,
 // rows per item fill the batch instead.
 template <Elem Out>
-cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaStream_t stream,
-                           bool pdl) {
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int min_items,
+                           cudaStream_t stream, bool pdl) {
   const int splits = std::max(params.num_splits, 1);
   int chunks = 1, threads = kCombineL / 4, per_sm = 1, rows_per_item = 1;
   int64_t best = -1;
@@ -320,8 +328,9 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, cudaS
   if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
   // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
   // that had nothing to do, docs/sm90-combine.md); the loop takes the items past a wave.
-  const int grid = static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
+  const int64_t per_cta = std::max(min_items, 1);
+  const int grid = static_cast<int>(std::max<int64_t>(
+      1, std::min<int64_t>((items + per_cta - 1) / per_cta, static_cast<int64_t>(sm_count) * per_sm)));
   return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,
                 params, chunks);
 }
