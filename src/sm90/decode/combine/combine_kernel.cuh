@@ -330,7 +330,8 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int m
   // that had nothing to do, docs/sm90-combine.md); the loop takes the items past a wave.
   const int64_t per_cta = std::max(min_items, 1);
   const int grid = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>((items + per_cta - 1) / per_cta, static_cast<int64_t>(sm_count) * per_sm)));
+      1,
+      std::min<int64_t>((items + per_cta - 1) / per_cta, static_cast<int64_t>(sm_count) * per_sm)));
   return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,
                 params, chunks);
 }
