@@ -129,6 +129,9 @@ else
   # CTAs that walk several segments (the balanced schedule), plans run twice, the other head dims.
   groups+=("schedule|sm90_decode_test|Schedule/*:Sm90DecodePlanReuse.*:Sm90DecodeHeadDims.*||")
 fi
+# The combine's row kernel on every call with a combine, rows of many splits included (CTest's
+# CombineRows).
+groups+=("combinerows|sm90_decode_test|Schedule/*:DirectSplit/*:Sm90DecodeSinks.*:Sm90DecodeNaN.*|MLA_SM90_COMBINE_ROWS=256|")
 # The cluster-pair kernels at every shape the pair route would refuse (CTest's PairsForced).
 groups+=("pairsforced|sm90_decode_test|Pairs/*:Sm90DecodePairs.*|MLA_SM90_PAIR=1|")
 if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then

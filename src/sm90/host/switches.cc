@@ -41,8 +41,9 @@ Switches read_switches() {
     s.sparse_rows = std::max<int64_t>(0, env_int("MLA_SM90_SPARSE_ROWS"));
   }
   s.combine_words = env_string("MLA_SM90_COMBINE_WORDS") != "0";
-  if (const int64_t n = env_int("MLA_SM90_COMBINE_ITEMS"); n > 0)
-    s.combine_items = std::min<int64_t>(n, 64);
+  if (std::getenv("MLA_SM90_COMBINE_ROWS") != nullptr) {
+    s.combine_rows_max_splits = std::clamp<int64_t>(env_int("MLA_SM90_COMBINE_ROWS"), 0, 256);
+  }
   const char* pair = std::getenv("MLA_SM90_PAIR");
   if (pair != nullptr) {
     s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "sm90/decode/combine/traits.h"
 #include "sm90/decode/schedule/format.h"
 
 namespace mla::detail::sm90 {
@@ -49,12 +50,13 @@ struct Switches {
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).
   int64_t fp8_seesaw_min_blocks = 0;  // 0: the route's own
-  // MLA_SM90_COMBINE_WORDS=0: the combine stores out value by value (2-byte stores), not as one
-  // 8-byte word of four values where out's address and strides allow it.
+  // MLA_SM90_COMBINE_WORDS=0: the combine's item kernel stores out value by value (2-byte
+  // stores), not as one 8-byte word of four values where out's address and strides allow it.
   bool combine_words = true;
-  // MLA_SM90_COMBINE_ITEMS=N (N > 0, at most 64): the combine's grid holds at most items / N CTAs
-  // (each CTA takes at least N items), below its one wave of resident CTAs.
-  int64_t combine_items = 1;
+  // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
+  // kernel) where a call's rows have at most N splits (the typical count), else the item kernel
+  // (0: the item kernel always).
+  int64_t combine_rows_max_splits = ::mla::sm90::combine::kRowsMaxSplits;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

@@ -1,5 +1,8 @@
-// Combine kernel: merges the split partials of each (token, head) row into out and lse.
+// Combine kernels: merge the split partials of each (token, head) row into out and lse. Two
+// kernels: the row kernel (combine_rows_kernel, below: one warp per row) where the call's rows have
+// few splits, and the item kernel (combine_kernel) otherwise; launch_combine picks.
 //
+// The item kernel.
 // Work: items (token t, R consecutive heads h0 .. h0 + R - 1, column chunk of 512 / chunks columns)
 // over every token, or with the balanced schedule over the tokens the plan kernel listed (the
 // others have one segment, whose out and lse the seesaw kernel wrote; a CTA stops at the first
@@ -255,6 +258,177 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
   }
 }
 
+// Row kernel: one warp per row (token, head), for rows of few splits. Lane l holds columns 8 l ..
+// 8 l + 7 and 256 + 8 l .. 256 + 8 l + 7 of the row (16-byte vectors of the 16-bit o; the second
+// only where L is 512), so a row's partial is read and its out written in whole 32-byte sectors,
+// and nothing is shared between the warps: no CTA barrier, and a row's index math is done once
+// per warp, not once per thread and row. The same formulas as combine_kernel: M over the splits'
+// maxima (split s on lane s % 32, then a butterfly), w_s and Z (lanes in split order, then a
+// butterfly), acc in split order; kRowsBatch splits' vectors in flight per lane before the first
+// is used. Rows at blockIdx.x * kRowsWarps + warp, then + gridDim.x * kRowsWarps, ...; with the
+// balanced schedule, a warp stops at the first token record past the list.
+inline constexpr int kRowsWarps = 8;
+inline constexpr int kRowsBatch = 3;
+// NOTE: 64 registers (four CTAs of 256 threads per SM): B32 H128's 4,096 rows fit one wave of
+// 528 CTAs.
+template <Elem Out>
+__global__ void __launch_bounds__(kRowsWarps * 32, 4)
+    combine_rows_kernel(const __grid_constant__ DecodeKernelParams p) {
+  constexpr int kL = kCombineL;
+  static_assert(kL == 512, "two 8-column vectors per lane: 512 columns");
+  // Per warp: the row's split maxima, then their weights w_s (0 for an empty split); the sums.
+  __shared__ float weight[kRowsWarps][kMaxSplits];
+  __shared__ float split_sum[kRowsWarps][kMaxSplits];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int c0 = 8 * lane;
+  const bool has0 = c0 < p.kv_lora_rank, has1 = c0 + 256 < p.kv_lora_rank;
+  const bool listed = p.sched_tokens != nullptr;
+  const int rows_total = p.num_tokens * p.num_heads;  // NOTE: below 2^30 (the host's check)
+  const int step = static_cast<int>(gridDim.x) * kRowsWarps;
+
+  struct Row {
+    int t, h, num_splits;
+    int64_t stride, row;
+  };
+  auto resolve = [&](int r) {
+    Row it;
+    const int token_item = r / p.num_heads;
+    it.h = r - token_item * p.num_heads;
+    if (listed) {
+      const schedule::Token st = p.sched_tokens[token_item];
+      it.t = st.token;
+      it.num_splits = st.splits;
+      it.stride = st.stride;
+      it.row = static_cast<int64_t>(st.base_row) + it.h;
+    } else {
+      it.t = token_item;
+      it.num_splits = p.num_splits;
+      it.stride = static_cast<int64_t>(p.num_tokens) * p.num_heads;
+      it.row = r;
+    }
+    return it;
+  };
+  // NOTE: the first row's record is read before the wait, as in combine_kernel.
+  int r = blockIdx.x * kRowsWarps + warp;
+  Row it{};
+  if (r < rows_total) it = resolve(r);
+
+  pdl_wait();  // the partials come from the decode grid
+  pdl_launch_dependents();
+
+  for (; r < rows_total; r += step) {
+    if (r != static_cast<int>(blockIdx.x) * kRowsWarps + warp) it = resolve(r);
+    if (it.num_splits < 0) break;  // past the list: so is every later row of the warp
+    const int num_splits = it.num_splits;
+    const uint16_t* o_base = static_cast<const uint16_t*>(p.partial_o) + it.row * kL + c0;
+    const int64_t split_step = it.stride * kL;
+
+    uint4 a[kRowsBatch][2];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+      for (int j = 0; j < kRowsBatch; ++j) {
+        const int s = s0 + j;
+        if (s < num_splits) {
+          const uint16_t* src = o_base + s * split_step;
+          if (has0) a[j][0] = __ldcs(reinterpret_cast<const uint4*>(src));
+          if (has1) a[j][1] = __ldcs(reinterpret_cast<const uint4*>(src + 256));
+        }
+      }
+    };
+    load_batch(0);
+
+    // ---- every split's max and sum at once (split s on lane s % 32, kept in shared memory by
+    // the lane that loaded it), M, the weights and Z ----
+    float m = kNegInf;
+    for (int s = lane; s - lane < num_splits; s += 32) {  // NOTE: warp-uniform trip count
+      if (s < num_splits) {
+        const int64_t at = s * it.stride + it.row;
+        const float ms = __ldcs(&p.partial_max[at]);
+        weight[warp][s] = ms;
+        split_sum[warp][s] = __ldcs(&p.partial_sum[at]);
+        m = fmaxf(m, ms);
+      }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+    float z = 0.0f;
+    for (int s = lane; s < num_splits; s += 32) {
+      // NOTE: as in combine_kernel: sum * 0 is the weight of a split without a finite score.
+      const float ms = weight[warp][s], sum = split_sum[warp][s];
+      const float w = ms == kNegInf ? sum * 0.0f : sum * expf(ms - m);
+      z += w;
+      weight[warp][s] = w;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) z += __shfl_xor_sync(0xffffffffu, z, d);
+    __syncwarp();  // the weights, for every lane
+
+    // ---- acc in split order, kRowsBatch splits' vectors in flight ----
+    float acc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) acc[k] = 0.0f;
+    for (int s0 = 0; s0 < num_splits; s0 += kRowsBatch) {
+      if (s0 > 0) load_batch(s0);
+#pragma unroll
+      for (int j = 0; j < kRowsBatch; ++j) {
+        const int s = s0 + j;
+        if (s < num_splits) {
+          const float w = weight[warp][s];
+          // NOTE: an empty split's o holds nothing (possibly garbage): never read it.
+          if (w != 0.0f) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const float4 lo = widen<Out>(make_uint2(a[j][half].x, a[j][half].y));
+              const float4 hi = widen<Out>(make_uint2(a[j][half].z, a[j][half].w));
+              float* x = acc + 8 * half;
+              x[0] = fmaf(lo.x, w, x[0]);
+              x[1] = fmaf(lo.y, w, x[1]);
+              x[2] = fmaf(lo.z, w, x[2]);
+              x[3] = fmaf(lo.w, w, x[3]);
+              x[4] = fmaf(hi.x, w, x[4]);
+              x[5] = fmaf(hi.y, w, x[5]);
+              x[6] = fmaf(hi.z, w, x[6]);
+              x[7] = fmaf(hi.w, w, x[7]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();  // weight is the warp's next row's
+
+    // ---- out and lse ----
+    // NOTE: bmm2_scale is in o already; a non-finite one still turns the row NaN.
+    const float bmm2_ok = isfinite(bmm2_scale_of(p)) ? 1.0f : __int_as_float(0x7fffffff);
+    const RowOutput ro = row_output(bmm2_ok, sink_of(p, it.h), m, z);
+    const int64_t o = out_offset(p, it.t, it.h) + c0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (half == 0 ? !has0 : !has1) continue;
+      const float* x = acc + 8 * half;
+      uint4 words;
+      if (ro.scale == 0.0f) {  // no key: acc is garbage
+        words = make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        words = make_uint4(pack_out(p, x[0] * ro.scale, x[1] * ro.scale),
+                           pack_out(p, x[2] * ro.scale, x[3] * ro.scale),
+                           pack_out(p, x[4] * ro.scale, x[5] * ro.scale),
+                           pack_out(p, x[6] * ro.scale, x[7] * ro.scale));
+      }
+      const int64_t oh = o + 256 * half;
+      if (p.out_vec16 || !p.out_vec8) {
+        store_out8(p, oh, words);  // one 16-byte store, or eight 2-byte ones
+      } else {
+        auto* base = static_cast<uint16_t*>(p.out);
+        *reinterpret_cast<uint2*>(base + oh) = make_uint2(words.x, words.y);
+        *reinterpret_cast<uint2*>(base + oh + 4) = make_uint2(words.z, words.w);
+      }
+    }
+    if (p.lse != nullptr && lane == 0) p.lse[lse_offset(p, it.t, it.h)] = ro.lse;
+  }
+}
+
 // The instantiation of combine_kernel<Out, R> for R = rows_per_item (1, 2 or 4).
 template <Elem Out>
 auto combine_kernel_for(int rows_per_item) {
@@ -289,9 +463,27 @@ cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
 // B = 1), more than a second batch of loads (docs/sm90-combine.md); where rows have few splits,
 // rows per item fill the batch instead.
 template <Elem Out>
-cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int min_items,
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int rows_max_splits,
                            cudaStream_t stream, bool pdl) {
   const int splits = std::max(params.num_splits, 1);
+  if (splits <= rows_max_splits) {
+    const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+    if (rows >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit row indices
+    static std::atomic<int> resident{0};
+    int per_sm = resident.load(std::memory_order_relaxed);
+    if (per_sm == 0) {
+      const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, &combine_rows_kernel<Out>, kRowsWarps * 32, 0);
+      if (err != cudaSuccess) return err;
+      per_sm = std::max(per_sm, 1);
+      resident.store(per_sm, std::memory_order_relaxed);
+    }
+    const int grid = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>((rows + kRowsWarps - 1) / kRowsWarps,
+                                               static_cast<int64_t>(sm_count) * per_sm)));
+    return launch(&combine_rows_kernel<Out>, dim3(grid), dim3(kRowsWarps * 32), 0, stream, pdl,
+                  params);
+  }
   int chunks = 1, threads = kCombineL / 4, per_sm = 1, rows_per_item = 1;
   int64_t best = -1;
   for (int c = 1; c <= 8; c *= 2) {
@@ -328,10 +520,8 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int m
   if (items >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit item indices
   // NOTE: one CTA per item made the grid's launch the cost at large batches (22 us for 16K CTAs
   // that had nothing to do, docs/sm90-combine.md); the loop takes the items past a wave.
-  const int64_t per_cta = std::max(min_items, 1);
-  const int grid = static_cast<int>(std::max<int64_t>(
-      1,
-      std::min<int64_t>((items + per_cta - 1) / per_cta, static_cast<int64_t>(sm_count) * per_sm)));
+  const int grid = static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>(items, static_cast<int64_t>(sm_count) * per_sm)));
   return launch(combine_kernel_for<Out>(rows_per_item), dim3(grid), dim3(threads), 0, stream, pdl,
                 params, chunks);
 }

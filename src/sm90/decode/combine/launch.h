@@ -8,11 +8,11 @@
 namespace mla::sm90::combine {
 
 // Merges the partials of each row into out (and lse), applying sinks and bmm2_scale; the CTA shape
-// follows the rows, the splits and `sm_count`; each CTA takes at least `min_items` items where
-// there are that many (1: the grid is one wave of resident CTAs, or the items if fewer). One
-// explicit instantiation per out element type.
+// follows the rows, the splits and `sm_count`: one warp per row (combine_rows_kernel) where the
+// call's rows have at most `rows_max_splits` splits, else items of rows and column chunks
+// (combine_kernel). One explicit instantiation per out element type.
 template <Elem Out>
-cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int min_items,
+cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int rows_max_splits,
                            cudaStream_t stream, bool pdl);
 
 }  // namespace mla::sm90::combine
