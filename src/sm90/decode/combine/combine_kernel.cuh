@@ -338,6 +338,16 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 4)
       }
     };
     load_batch(0);
+    // The row's partials past the first batch, asked of L2 now (they are often in DRAM: the
+    // decode kernel's KV stream evicts what it wrote early), so that the later batches' loads
+    // wait for L2 rather than DRAM: line i of split s on lane i % 32, 64 columns a line.
+    if (p.combine_prefetch) {
+      const int lines = (num_splits - kRowsBatch) * (kL / 64);
+      for (int i = lane; i < lines; i += 32) {
+        const int s = kRowsBatch + i / (kL / 64), col = (i % (kL / 64)) * 64;
+        if (col < p.kv_lora_rank) prefetch_l2_line(o_base - c0 + s * split_step + col);
+      }
+    }
 
     // ---- every split's max and sum at once (split s on lane s % 32, kept in shared memory by
     // the lane that loaded it), M, the weights and Z ----
