@@ -116,10 +116,6 @@ __device__ __forceinline__ float load_key<Elem::kFp8DsMla>(const uint8_t* p, int
       r + ElemTraits<Elem::kFp8DsMla>::kRopeOffset + 2 * (d - 512)));
 }
 
-// Asks L2 for the line holding `p` (no registers; the later load hits L2).
-__device__ __forceinline__ void prefetch_l2_line(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
-}
 // Asks L1 for the line holding `p` (no registers; the later load hits L1).
 __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p) : "memory");

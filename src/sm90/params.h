@@ -79,8 +79,6 @@ struct DecodeKernelParams {
   int32_t out_fp16 = 0;    // out dtype: 1 fp16, 0 bf16 (for the kernels that write out)
   int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
   int32_t out_vec8 = 0;    // out's address and strides allow 8-byte stores of 4 values
-  // The combine's row kernel asks L2 for a row's partials past its first batch of loads.
-  int32_t combine_prefetch = 0;
   int32_t direct_out = 0;  // the decode kernel writes out and lse (one split); no combine
   // The seesaw kernel loads its query tiles through the query tensor map (tma::
   // make_query_tensor_map) rather than through the consumers' registers.

@@ -211,7 +211,6 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.out_fp16 = p.out_dtype == dtype::kFloat16 ? 1 : 0;
   k.out_vec16 = reinterpret_cast<uintptr_t>(k.out) % 16 == 0 && p.out.batch % 8 == 0 &&
                 p.out.token % 8 == 0 && p.out.head % 8 == 0;
-  k.combine_prefetch = switches().combine_prefetch ? 1 : 0;
   k.out_vec8 = switches().combine_words && reinterpret_cast<uintptr_t>(k.out) % 8 == 0 &&
                p.out.batch % 4 == 0 && p.out.token % 4 == 0 && p.out.head % 4 == 0;
   if (p.has_lse) k.lse = static_cast<float*>(prm.lse.data);

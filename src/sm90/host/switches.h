@@ -53,12 +53,10 @@ struct Switches {
   // MLA_SM90_COMBINE_WORDS=0: the combine's item kernel stores out value by value (2-byte
   // stores), not as one 8-byte word of four values where out's address and strides allow it.
   bool combine_words = true;
-  // MLA_SM90_COMBINE_PREFETCH=0: the combine's row kernel does not ask L2 for a row's partials
-  // past its first batch of loads.
-  bool combine_prefetch = true;
   // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
-  // kernel) where a call's rows have at most N splits (the typical count), else the item kernel
-  // (0: the item kernel always).
+  // kernel) where a call's rows have at most N splits (the typical count) and fill at least half
+  // the SMs with its CTAs, else the item kernel (0: the item kernel always; 256: the row kernel
+  // always).
   int64_t combine_rows_max_splits = ::mla::sm90::combine::kRowsMaxSplits;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.

@@ -338,16 +338,6 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 4)
       }
     };
     load_batch(0);
-    // The row's partials past the first batch, asked of L2 now (they are often in DRAM: the
-    // decode kernel's KV stream evicts what it wrote early), so that the later batches' loads
-    // wait for L2 rather than DRAM: line i of split s on lane i % 32, 64 columns a line.
-    if (p.combine_prefetch) {
-      const int lines = (num_splits - kRowsBatch) * (kL / 64);
-      for (int i = lane; i < lines; i += 32) {
-        const int s = kRowsBatch + i / (kL / 64), col = (i % (kL / 64)) * 64;
-        if (col < p.kv_lora_rank) prefetch_l2_line(o_base - c0 + s * split_step + col);
-      }
-    }
 
     // ---- every split's max and sum at once (split s on lane s % 32, kept in shared memory by
     // the lane that loaded it), M, the weights and Z ----
@@ -476,8 +466,12 @@ template <Elem Out>
 cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int rows_max_splits,
                            cudaStream_t stream, bool pdl) {
   const int splits = std::max(params.num_splits, 1);
-  if (splits <= rows_max_splits) {
-    const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  // NOTE: a call of few rows (B1 s512 H128: 128 rows of 8 splits, 16 CTAs of warps) keeps the
+  // item kernel, whose column chunks and split groups spread it over the SMs; a bound of
+  // kMaxSplits takes the row kernel on every call (the tests' CombineRows).
+  if (splits <= rows_max_splits &&
+      (rows_max_splits >= kMaxSplits || rows * 2 >= static_cast<int64_t>(sm_count) * kRowsWarps)) {
     if (rows >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit row indices
     static std::atomic<int> resident{0};
     int per_sm = resident.load(std::memory_order_relaxed);
