@@ -52,10 +52,11 @@ struct Case {
   bool scale_tensors = false;  // bmm1/bmm2 as 1-element fp32 tensors (host floats set to garbage)
   double bmm1 = 0.0;           // 0: 4 / sqrt(D), scores of spread ~1.3
   double bmm2 = 1.0;
-  float skip = 0.0f;     // skip_softmax_threshold_scale_factor
-  bool strided = false;  // padded strides on query, kv, block_tables, out
-  bool out_odd = false;  // out's strides not multiples of 8 elements (no 16-byte vector stores)
-  bool kv4d = false;     // kv_cache as [P, 1, page_size, D]
+  float skip = 0.0f;      // skip_softmax_threshold_scale_factor
+  bool strided = false;   // padded strides on query, kv, block_tables, out
+  bool out_odd = false;   // out's strides not multiples of 8 elements (no 16-byte vector stores)
+  bool out_quad = false;  // out's strides multiples of 4 elements, not of 8 (8-byte stores only)
+  bool kv4d = false;      // kv_cache as [P, 1, page_size, D]
   uint64_t seed = 1;
 };
 
@@ -99,6 +100,7 @@ inline std::string case_name(const Case& c) {
   if (c.skip > 0) s << "_skip";
   if (c.strided) s << "_strided";
   if (c.out_odd) s << "_outodd";
+  if (c.out_quad) s << "_outquad";
   if (c.kv4d) s << "_kv4d";
   return s.str();
 }
@@ -465,9 +467,9 @@ inline std::unique_ptr<Built> build(const Case& c) {
 
   // Outputs, poisoned; out may be padded.
   {
-    const int odd = c.out_odd ? 1 : 0;
-    const int64_t hs = L + 8 * pad + 3 * odd, ts = H * hs + 24 * pad + odd,
-                  bs = c.q_len * ts + 40 * pad + odd;
+    const int odd = c.out_odd ? 1 : 0, quad = c.out_quad ? 4 : 0;
+    const int64_t hs = L + 8 * pad + 3 * odd + quad, ts = H * hs + 24 * pad + odd + quad,
+                  bs = c.q_len * ts + 40 * pad + odd + quad;
     b.out = Buffer(c.out_dtype, ragged ? T * ts : B * bs);
     b.out_logical.assign(b.out.count(), false);
     b.out_row.assign(static_cast<size_t>(T) * H, 0);
