@@ -211,8 +211,8 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.out_fp16 = p.out_dtype == dtype::kFloat16 ? 1 : 0;
   k.out_vec16 = reinterpret_cast<uintptr_t>(k.out) % 16 == 0 && p.out.batch % 8 == 0 &&
                 p.out.token % 8 == 0 && p.out.head % 8 == 0;
-  k.out_vec8 = switches().combine_words && reinterpret_cast<uintptr_t>(k.out) % 8 == 0 &&
-               p.out.batch % 4 == 0 && p.out.token % 4 == 0 && p.out.head % 4 == 0;
+  k.out_vec8 = reinterpret_cast<uintptr_t>(k.out) % 8 == 0 && p.out.batch % 4 == 0 &&
+               p.out.token % 4 == 0 && p.out.head % 4 == 0;
   if (p.has_lse) k.lse = static_cast<float*>(prm.lse.data);
   k.partial_max = reinterpret_cast<float*>(workspace + layout.max_offset);
   k.partial_sum = reinterpret_cast<float*>(workspace + layout.sum_offset);

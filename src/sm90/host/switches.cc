@@ -40,7 +40,6 @@ Switches read_switches() {
   if (std::getenv("MLA_SM90_SPARSE_ROWS") != nullptr) {
     s.sparse_rows = std::max<int64_t>(0, env_int("MLA_SM90_SPARSE_ROWS"));
   }
-  s.combine_words = env_string("MLA_SM90_COMBINE_WORDS") != "0";
   if (std::getenv("MLA_SM90_COMBINE_ROWS") != nullptr) {
     s.combine_rows_max_splits = std::clamp<int64_t>(env_int("MLA_SM90_COMBINE_ROWS"), 0, 256);
   }

@@ -50,9 +50,6 @@ struct Switches {
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).
   int64_t fp8_seesaw_min_blocks = 0;  // 0: the route's own
-  // MLA_SM90_COMBINE_WORDS=0: the combine's item kernel stores out value by value (2-byte
-  // stores), not as one 8-byte word of four values where out's address and strides allow it.
-  bool combine_words = true;
   // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
   // kernel) where a call's rows have at most N splits (the typical count) and fill at least half
   // the SMs with its CTAs, else the item kernel (0: the item kernel always; 256: the row kernel
