@@ -405,6 +405,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       k.query_tma =
           switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
       k.hold_first_s = switches().hold_first_s ? 1 : 0;
+      k.kv_evict_first = switches().kv_evict_first ? 1 : 0;
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }
     case Kernel::kSimt:
