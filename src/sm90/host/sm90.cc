@@ -393,6 +393,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   switch (route.kernel) {
     case Kernel::kFewRows:
       if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);
+      k.kv_evict_first = switches().kv_evict_first ? 1 : 0;
       return route.few_rows == 16
                  ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route.fp8_direct)
                  : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route.fp8_direct);

@@ -119,7 +119,8 @@ __device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p,
 // / 2 and n / 2 (walk_segments passes parities). A ring of four stages (block it into stage it % 4)
 // takes the four parities as bits 0..3 of `used0`.
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
-// split: docs/sm90-seesaw.md, the direct split); unpaired, p.kv_evict_first asks the same.
+// split: docs/sm90-seesaw.md, the direct split); on the balanced schedule p.kv_evict_first asks
+// the same, so that the partial rows the combine reads stay in L2.
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
 // the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
 // chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-seesaw.md,
@@ -149,7 +150,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
     return has;
   };
 
-  const bool evict_first = kEvictFirst || (!kPair && p.kv_evict_first != 0);
+  const bool evict_first = kEvictFirst || p.kv_evict_first != 0;
   const uint64_t policy = evict_first ? l2_evict_first_policy() : 0;
   int page = 0;
   bool has = load_page(w.block_begin, page);
@@ -171,7 +172,11 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
         const int32_t col = p.chunk_box[c];  // a chunk the rows lack lands as zeros
         if constexpr (kPair) {
           if (static_cast<uint32_t>(c & 1) == rank) {
-            tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
+            if (evict_first) {
+              tma_load_3d_multicast_hint(dst, kv_map, bar, col, row_in_page, cur, 0x3, policy);
+            } else {
+              tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
+            }
           }
         } else if (evict_first) {
           tma_load_3d_hint(dst, kv_map, bar, col, row_in_page, cur, policy);
