@@ -393,7 +393,6 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   switch (route.kernel) {
     case Kernel::kFewRows:
       if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);
-      k.kv_evict_first = switches().kv_evict_first ? 1 : 0;
       return route.few_rows == 16
                  ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route.fp8_direct)
                  : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route.fp8_direct);
@@ -406,7 +405,10 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       k.query_tma =
           switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
       k.hold_first_s = switches().hold_first_s ? 1 : 0;
-      k.kv_evict_first = switches().kv_evict_first ? 1 : 0;
+      // The cache evict-first where several tiles read each block (16-bit caches; on a request of
+      // one tile, bound by its bytes, it measured 2 to 4% slower: docs/perf-notes.md, Change 85).
+      k.kv_evict_first =
+          switches().kv_evict_first && route.tiles >= 2 && (kv == Elem::kBf16 || kv == Elem::kFp16);
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }
     case Kernel::kSimt:

@@ -119,8 +119,8 @@ __device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p,
 // / 2 and n / 2 (walk_segments passes parities). A ring of four stages (block it into stage it % 4)
 // takes the four parities as bits 0..3 of `used0`.
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
-// split: docs/sm90-seesaw.md, the direct split); on the balanced schedule p.kv_evict_first asks
-// the same, so that the partial rows the combine reads stay in L2.
+// split: docs/sm90-seesaw.md, the direct split); p.kv_evict_first asks the same at run time
+// (params.h).
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
 // the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
 // chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-seesaw.md,
