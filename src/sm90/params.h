@@ -86,10 +86,6 @@ struct DecodeKernelParams {
   // The seesaw kernel's dense rounds: consumer 1 issues a segment's first S only once consumer 0's
   // is done, so that the first one runs alone.
   int32_t hold_first_s = 0;
-  // The seesaw kernel's cache boxes on the balanced schedule (tma::produce_chunks) carry an
-  // evict-first L2 policy, as the direct split's always do, so that the partial rows stay in L2
-  // for the combine (the route's rule: sm90.cc, launch_decode).
-  int32_t kv_evict_first = 0;
   int32_t sinks_elem = 0;  // sinks dtype: 0 fp32, 1 bf16, 2 fp16
   // Head dims (kv_lora_rank L, qk_rope_head_dim R): (512, 64), (256, 64) or (512, 0). The TMA and
   // gather kernels' tiles keep the 512 + 64 column layout of (512, 64): columns of the tile that

@@ -188,12 +188,6 @@ TEST(Sm90Route, Table) {
       // 16-bit dense calls with pages of 16 to 256 keys and aligned strides: the TMA kernels.
       {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6", dense(128, 128, 1),
        "seesaw schedule parts=66 tiles=2 combine"},
-      {"B8 q1, 16384 keys: 2 tiles of one token on long segments, paired",
-       dense(8, 128, 1).keys(16384), "seesaw schedule parts=66 tiles=2 pair combine"},
-      {"B8 q1, 16320 keys: below 256 blocks, unpaired", dense(8, 128, 1).keys(16320),
-       "seesaw schedule parts=66 tiles=2 combine"},
-      {"B8 q2, 65536 keys: 4 tiles, unpaired", dense(8, 128, 2).keys(65536),
-       "seesaw schedule parts=33 tiles=4 combine"},
       {"B128 q4: 8 tiles x 16 parts, paired", dense(128, 128, 4),
        "seesaw schedule parts=16 tiles=8 pair combine"},
       {"a custom mask: cleaned, unpaired", dense(128, 128, 4).masked(),

@@ -32,9 +32,6 @@ static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's reco
 // below that, and on the direct split at any tile count, the two CTAs' lockstep cost more than
 // the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
 constexpr int64_t kPairMinTiles = 6;
-// ... and at one query token (two tiles at H = 128) where a request may hold this many blocks:
-// the long segments' L2 traffic halved then gains 0.4 to 1.3% (docs/perf-notes.md, Change 86).
-constexpr int64_t kPairMinBlocks = 256;
 // The fewest blocks per split at which a call of one request (the direct split) with an e4m3
 // query over an e4m3 cache runs the FP8 seesaw kernel rather than the seesaw kernel over the cache
 // widened in shared memory (docs/perf-notes.md).
@@ -344,9 +341,7 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     // (tiles x parts) in clusters of two at once, as the one-wave schedule assumes.
     const bool allowed =
         r.tiles % 2 == 0 && (p.num_heads == 2 * tma::kTileRows || p.max_q_len == 1);
-    const bool long_q1 = r.tiles == 2 && p.max_q_len == 1 &&
-                         ceil_div(p.max_seq_len, ::mla::sm90::kBlockKeys) >= kPairMinBlocks;
-    const bool wanted = sw.pair >= 0 ? sw.pair == 1 : (r.tiles >= kPairMinTiles || long_q1);
+    const bool wanted = sw.pair >= 0 ? sw.pair == 1 : r.tiles >= kPairMinTiles;
     // NOTE: fp8 caches run unpaired: the widening warps of each CTA would need the other CTA's
     // boxes too (docs/sm90-fp8.md).
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&

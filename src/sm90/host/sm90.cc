@@ -405,10 +405,6 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       k.query_tma =
           switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
       k.hold_first_s = switches().hold_first_s ? 1 : 0;
-      // The cache evict-first where several tiles read each block (16-bit caches; on a request of
-      // one tile, bound by its bytes, it measured 2 to 4% slower: docs/perf-notes.md, Change 85).
-      k.kv_evict_first =
-          switches().kv_evict_first && route.tiles >= 2 && (kv == Elem::kBf16 || kv == Elem::kFp16);
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }
     case Kernel::kSimt:

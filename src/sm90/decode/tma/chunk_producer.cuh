@@ -119,8 +119,7 @@ __device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p,
 // / 2 and n / 2 (walk_segments passes parities). A ring of four stages (block it into stage it % 4)
 // takes the four parities as bits 0..3 of `used0`.
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
-// split: docs/sm90-seesaw.md, the direct split); p.kv_evict_first asks the same at run time
-// (params.h).
+// split only: docs/sm90-seesaw.md, the direct split).
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
 // the chunks of its parity into both CTAs (TMA multicast) and arms its own barriers for every
 // chunk; a stage is refilled once the consumers of both CTAs have released it (docs/sm90-seesaw.md,
@@ -150,8 +149,7 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
     return has;
   };
 
-  const bool evict_first = kEvictFirst || p.kv_evict_first != 0;
-  const uint64_t policy = evict_first ? l2_evict_first_policy() : 0;
+  const uint64_t policy = kEvictFirst ? l2_evict_first_policy() : 0;
   int page = 0;
   bool has = load_page(w.block_begin, page);
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
@@ -172,13 +170,9 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
         const int32_t col = p.chunk_box[c];  // a chunk the rows lack lands as zeros
         if constexpr (kPair) {
           if (static_cast<uint32_t>(c & 1) == rank) {
-            if (evict_first) {
-              tma_load_3d_multicast_hint(dst, kv_map, bar, col, row_in_page, cur, 0x3, policy);
-            } else {
-              tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
-            }
+            tma_load_3d_multicast(dst, kv_map, bar, col, row_in_page, cur, 0x3);
           }
-        } else if (evict_first) {
+        } else if constexpr (kEvictFirst) {
           tma_load_3d_hint(dst, kv_map, bar, col, row_in_page, cur, policy);
         } else {
           tma_load_3d(dst, kv_map, bar, col, row_in_page, cur);

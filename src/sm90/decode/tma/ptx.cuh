@@ -255,20 +255,6 @@ __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
-// tma_load_3d_multicast with an L2 eviction policy (`policy`, from l2_evict_first_policy).
-__device__ __forceinline__ void tma_load_3d_multicast_hint(void* dst, const CUtensorMap* map,
-                                                           uint64_t* bar, int32_t c0, int32_t c1,
-                                                           int32_t c2, uint16_t cta_mask,
-                                                           uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;" ::"r"(
-          smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
-      "h"(cta_mask), "l"(policy)
-      : "memory");
-}
-
 // An L2 cache policy that marks every line it touches evict-first.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
