@@ -2,6 +2,7 @@
 // DecodeParams at the dispatch boundary (src/sm90/host/sm90.cc). Strides count elements.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "sm90/decode/schedule/format.h"
@@ -123,6 +124,13 @@ struct DecodeKernelParams {
   // constant loads differently in every kernel).
   int32_t consumer_fence = 0;
 };
+
+// NOTE: a member added anywhere but last moves every later member's offset, and ptxas then pairs
+// the constant loads differently in every kernel, those that never read the member included (the
+// likely cause of a ~2% loss on the short-segment rows: docs/perf-notes.md, Changes 85 and 86).
+// New members go last (which leaves this offset as it is); the assert catches one put elsewhere.
+static_assert(offsetof(DecodeKernelParams, consumer_fence) == 452,
+              "DecodeKernelParams: add new members last (see the note above)");
 
 // What the checked mode inspects; the first bad entry lands in the workspace record.
 struct IndexCheckParams {
