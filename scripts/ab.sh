@@ -5,8 +5,10 @@
 #
 #   scripts/ab.sh REF_A REF_B ROWS_FILE
 #
-# REF_A, REF_B: git revisions (a commit, a branch, HEAD~2), or `.` for the working tree as it is;
-#   the same revision twice compares two environments (A_ENV, B_ENV) on one binary.
+# REF_A, REF_B: git revisions (a commit, a branch, HEAD~2), `.` for the working tree as it is, or
+#   a folder holding a source tree (`git archive REV | tar -x -C DIR`, for a machine whose copy
+#   of the repository lacks the revision); the same REF twice compares two environments (A_ENV,
+#   B_ENV) on one binary.
 # ROWS_FILE: one row per line, mla-bench's arguments for it (for example
 #   `--batch 32 --seq-len 4096 --heads 128`); blank lines and lines from `#` are skipped; `-` reads
 #   standard input.
@@ -54,6 +56,9 @@ build() {
   local ref=$1 src tag
   if [ "$ref" = . ]; then
     src=$root tag=worktree
+  elif [ -f "$ref/CMakeLists.txt" ]; then
+    src=$(cd "$ref" && pwd)
+    tag=tree-$(printf '%s' "$src" | cksum | cut -d' ' -f1)
   else
     local sha
     sha=$(git -C "$root" rev-parse --verify --quiet "$ref^{commit}") ||
@@ -65,8 +70,8 @@ build() {
   fi
   echo "ab.sh: building $ref" >&2
   local bin="$dir/bin-$tag" extra=()
-  # A worktree has no .deps/: the checkout's own CUTLASS headers serve it.
-  [ "$src" = "$root" ] || [ ! -d "$root/.deps/cutlass/include" ] ||
+  # A worktree or an exported tree has no .deps/: the checkout's own CUTLASS headers serve it.
+  [ -d "$src/.deps/cutlass/include" ] || [ ! -d "$root/.deps/cutlass/include" ] ||
     extra+=("-DMLA_CUTLASS_DIR=$root/.deps/cutlass")
   # shellcheck disable=SC2086
   cmake -S "$src" -B "$bin" -DCMAKE_BUILD_TYPE=Release -DMLA_BUILD_BENCH=ON -DMLA_BUILD_TESTS=OFF \
