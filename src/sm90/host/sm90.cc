@@ -487,13 +487,11 @@ void run(const Problem& p, const DecodeParams& prm) {
                  "launching the split-KV decode kernel");
   if (!route.combine) return;  // the decode kernel wrote out and lse
   const int sms = sm_count(p.device.device_id);
-  const cudaError_t err = p.out_dtype == dtype::kBFloat16
-                              ? combine::launch_combine<Elem::kBf16>(
-                                    k, sms, static_cast<int>(switches().combine_rows_max_splits),
-                                    stream, prm.enable_pdl)
-                              : combine::launch_combine<Elem::kFp16>(
-                                    k, sms, static_cast<int>(switches().combine_rows_max_splits),
-                                    stream, prm.enable_pdl);
+  const int rows_max_splits = static_cast<int>(switches().combine_rows_max_splits);
+  const cudaError_t err =
+      p.out_dtype == dtype::kBFloat16
+          ? combine::launch_combine<Elem::kBf16>(k, sms, rows_max_splits, stream, prm.enable_pdl)
+          : combine::launch_combine<Elem::kFp16>(k, sms, rows_max_splits, stream, prm.enable_pdl);
   MLA_CUDA_CHECK(err, "launching the combine kernel");
 }
 
