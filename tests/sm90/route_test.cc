@@ -159,6 +159,7 @@ std::string describe(const Route& r) {
   if (r.fp8_direct) s << " fp8_direct";
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
+  if (r.evict_first) s << " evict_first";
   if (r.clean) s << " clean";
   if (r.sparse) s << " sparse";
   if (r.sparse_rows > 0) s << " token_rows=" << r.sparse_rows;
@@ -186,8 +187,8 @@ void expect_routes(const std::vector<Row>& rows, const Switches& sw = Switches()
 TEST(Sm90Route, Table) {
   expect_routes({
       // 16-bit dense calls with pages of 16 to 256 keys and aligned strides: the TMA kernels.
-      {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6", dense(128, 128, 1),
-       "seesaw schedule parts=66 tiles=2 combine"},
+      {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6, the cache evict-first",
+       dense(128, 128, 1), "seesaw schedule parts=66 tiles=2 evict_first combine"},
       {"B128 q4: 8 tiles x 16 parts, paired", dense(128, 128, 4),
        "seesaw schedule parts=16 tiles=8 pair combine"},
       {"a custom mask: cleaned, unpaired", dense(128, 128, 4).masked(),
@@ -255,7 +256,7 @@ TEST(Sm90Route, Table) {
       // Head dims (256, 64) and (512, 0): the same kernels, their tiles zero where the rows have
       // no column.
       {"(256, 64), B128 q1 H128", dense(128, 128, 1).dims(256, 64),
-       "seesaw schedule parts=66 tiles=2 combine"},
+       "seesaw schedule parts=66 tiles=2 evict_first combine"},
       {"(256, 64), B1 H16", dense(1, 16, 1).dims(256, 64), "few_rows splits=64 rows=16 combine"},
       {"(512, 0), fp8 cache", dense(4, 128, 1).dims(512, 0).dtypes(kBf16, kFp8),
        "seesaw schedule parts=66 tiles=2 combine"},
@@ -337,7 +338,7 @@ TEST(Sm90Route, SparseShapes) {
 // Pairs need the device to hold the whole grid (tiles x parts) in clusters of two at once.
 TEST(Sm90Route, PairsOnlyWhereTheDeviceHoldsTheGrid) {
   expect_routes({{"128 CTAs, 10 clusters of two", dense(128, 128, 4),
-                  "seesaw schedule parts=16 tiles=8 combine"}},
+                  "seesaw schedule parts=16 tiles=8 evict_first combine"}},
                 Switches(), DeviceFacts{132, &clusters_10});
 }
 
@@ -408,10 +409,11 @@ TEST(Sm90Route, PairSwitch) {
                  {"the direct split", dense(1, 128, 4), "seesaw splits=16 direct tiles=8 combine"}},
                 sw);
   sw.pair = 0;
-  expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"},
-                 {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
-                  "seesaw splits=16 tiles=2 sparse combine"}},
-                sw);
+  expect_routes(
+      {{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 evict_first combine"},
+       {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+        "seesaw splits=16 tiles=2 sparse combine"}},
+      sw);
 }
 
 // A sparse call of one split on the seesaw kernel runs a row of CTAs per token by default;
@@ -443,6 +445,27 @@ TEST(Sm90Route, SparsePairsNeedClusters) {
   expect_routes({{"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
                   "seesaw splits=16 tiles=2 sparse combine"}},
                 Switches(), DeviceFacts{132, &clusters_0});
+}
+
+// The evict-first instantiation: the balanced schedule's unpaired, uncleaned 16-bit calls of two
+// or more tiles a request; the switch turns it off.
+TEST(Sm90Route, EvictFirst) {
+  expect_routes({{"fp16, B64 q2 H64", dense(64, 64, 2).dtypes(kFp16, kFp16),
+                  "seesaw schedule parts=66 tiles=2 evict_first combine"},
+                 {"one tile a request: bound by its bytes", dense(128, 64, 1),
+                  "seesaw schedule parts=132 tiles=1 combine"},
+                 {"a custom mask: cleaned", dense(128, 128, 1).masked(),
+                  "seesaw schedule parts=66 tiles=2 clean combine"},
+                 {"paired", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 pair combine"},
+                 {"the direct split", dense(1, 128, 1), "seesaw splits=64 direct tiles=2 combine"},
+                 {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8),
+                  "seesaw schedule parts=66 tiles=2 combine"},
+                 {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(),
+                  "seesaw schedule parts=66 tiles=2 combine"}});
+  Switches sw;
+  sw.kv_evict_first = false;
+  expect_routes({{"B128 q1 H128", dense(128, 128, 1), "seesaw schedule parts=66 tiles=2 combine"}},
+                sw);
 }
 
 TEST(Sm90Route, DirectSplitSwitch) {

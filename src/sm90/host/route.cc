@@ -347,6 +347,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
              p.kv_dtype != dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
+    r.evict_first = sw.kv_evict_first && r.layout.scheduled && !r.pair && !r.clean &&
+                    r.tiles >= 2 && p.kv_format == KvFormat::kPlain &&
+                    ((p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16) ||
+                     (p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16));
     // An e4m3 query over an e4m3 cache: the FP8 seesaw kernel, both GEMMs on the FP8 tensor
     // cores (docs/sm90-fp8.md). On the direct split only where each split holds enough blocks:
     // the FP8 kernel's longer chain per block is exposed where a CTA has few of them, and the

@@ -314,27 +314,32 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
   const bool direct = route.layout.direct;
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
     return seesaw::launch_seesaw<Elem::kBf16, Elem::kBf16>(k, kv_map, q_map, route.tiles, direct,
-                                                           route.pair, route.clean, stream, pdl);
+                                                           route.pair, route.clean,
+                                                           route.evict_first, stream, pdl);
   }
   if (q == Elem::kFp16 && kv == Elem::kFp16) {
     return seesaw::launch_seesaw<Elem::kFp16, Elem::kFp16>(k, kv_map, q_map, route.tiles, direct,
-                                                           route.pair, route.clean, stream, pdl);
+                                                           route.pair, route.clean,
+                                                           route.evict_first, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
     return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8E4M3>(k, kv_map, q_map, route.tiles, direct,
-                                                              route.pair, route.clean, stream, pdl);
+                                                              route.pair, route.clean,
+                                                              route.evict_first, stream, pdl);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     if (route.fp8_direct) {
       return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, route.tiles,
                                                                        direct, stream, pdl);
     }
-    return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(
-        k, kv_map, q_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+    return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, q_map, route.tiles,
+                                                                 direct, route.pair, route.clean,
+                                                                 route.evict_first, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
-    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8DsMla>(
-        k, kv_map, q_map, route.tiles, direct, route.pair, route.clean, stream, pdl);
+    return seesaw::launch_seesaw<Elem::kBf16, Elem::kFp8DsMla>(k, kv_map, q_map, route.tiles,
+                                                               direct, route.pair, route.clean,
+                                                               route.evict_first, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported,
            "backend sm90: no seesaw kernel for this (query, kv_cache) pair");

@@ -34,6 +34,7 @@ Switches read_switches() {
   s.fp8_direct = env_string("MLA_SM90_FP8_DIRECT") != "0";
   s.query_tma = env_string("MLA_SM90_QUERY_TMA") != "0";
   s.hold_first_s = env_string("MLA_SM90_HOLD_FIRST_S") != "0";
+  s.kv_evict_first = env_string("MLA_SM90_KV_EVICT_FIRST") != "0";
   s.consumer_fence = env_string("MLA_SM90_CONSUMER_FENCE") != "0";
   s.ds_direct = env_string("MLA_SM90_DS_DIRECT") != "0";
   s.fp8_seesaw_min_blocks = std::max<int64_t>(0, env_int("MLA_SM90_FP8_SEESAW_MIN_BLOCKS"));

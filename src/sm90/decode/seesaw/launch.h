@@ -18,12 +18,14 @@ namespace mla::sm90::seesaw {
 // and run as a cluster of two sharing each block's loads (docs/sm90-seesaw.md, Pairs). `clean`:
 // rows of a tile may attend the request's draft keys unequally (a custom mask, or tiles that span
 // two tokens); the kernel then keeps a non-finite draft key from reaching the rows that do not
-// attend it (seesaw_kernel.cuh, kClean).
+// attend it (seesaw_kernel.cuh, kClean). `evict_first` (the route's choice: balanced schedule,
+// unpaired, uncleaned, 16-bit caches): the cache boxes carry the evict-first L2 policy, so that the
+// partials the combine reads back stay in L2 (docs/sm90-seesaw.md, Evict-first).
 // q_map: the query's tensor map where params.query_tma (tma::make_query_tensor_map), else unused.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           const CUtensorMap& q_map, int num_tiles, bool direct_split, bool pair,
-                          bool clean, cudaStream_t stream, bool pdl);
+                          bool clean, bool evict_first, cudaStream_t stream, bool pdl);
 
 // A sparse call: grid (num_tiles, num_tokens, params.num_splits), one token per CTA
 // (tma::SparseTokenCursor), or with params.sparse_rows below num_tokens that many token rows whose

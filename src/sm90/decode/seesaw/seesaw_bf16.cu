@@ -4,7 +4,7 @@
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw<Elem::kBf16, Elem::kBf16>(const DecodeKernelParams&,
                                                              const CUtensorMap&, const CUtensorMap&,
-                                                             int, bool, bool, bool, cudaStream_t,
-                                                             bool);
+                                                             int, bool, bool, bool, bool,
+                                                             cudaStream_t, bool);
 template int pair_clusters_resident<Elem::kBf16>();
 }  // namespace mla::sm90::seesaw

@@ -6,5 +6,6 @@ namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw<Elem::kBf16, Elem::kFp8DsMla>(const DecodeKernelParams&,
                                                                  const CUtensorMap&,
                                                                  const CUtensorMap&, int, bool,
-                                                                 bool, bool, cudaStream_t, bool);
+                                                                 bool, bool, bool, cudaStream_t,
+                                                                 bool);
 }  // namespace mla::sm90::seesaw

@@ -5,5 +5,6 @@ namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(const DecodeKernelParams&,
                                                                    const CUtensorMap&,
                                                                    const CUtensorMap&, int, bool,
-                                                                   bool, bool, cudaStream_t, bool);
+                                                                   bool, bool, bool, cudaStream_t,
+                                                                   bool);
 }  // namespace mla::sm90::seesaw

@@ -118,8 +118,10 @@ inline constexpr Elem kSeesawCompute =
 // attended by every row unless it is -1.
 // kTokenRows (kSparse): the grid has fewer token rows than tokens, each CTA walks several
 // (tma::SparseCursor); else one token per CTA (tma::SparseTokenCursor).
+// kEvictFirst: the balanced schedule's cache boxes carry the evict-first L2 policy the direct
+// split's always carry (16-bit caches, unpaired, uncleaned: the route's evict_first).
 template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false,
-          bool kTokenRows = false>
+          bool kTokenRows = false, bool kEvictFirst = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map,
@@ -154,6 +156,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
+  static_assert(!kEvictFirst || (!kDirect && !kPair && !kClean && !kSparse && Q == KV &&
+                                 (Q == Elem::kBf16 || Q == Elem::kFp16)),
+                "evict-first instantiations: the balanced schedule's 16-bit calls only");
   static_assert(!(F::kFp8Cache && kPair) || kGatherPair, "fp8 caches run unpaired (dense)");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
@@ -228,10 +233,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     if (piece < issuers && threadIdx.x % 32 == 0) {
       tma::prefetch_tensor_map(&kv_map);
       uint32_t used0, used1;  // blocks each stage has held (its barriers' phase)
-      tma::walk_segments<Cursor>(
-          p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-            tma::produce_chunks<Traits, kDirect, kPair>(p, w, &kv_map, smem, piece, u0, u1, rank);
-          });
+      tma::walk_segments<Cursor>(p, used0, used1,
+                                 [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
+                                   tma::produce_chunks<Traits, kDirect || kEvictFirst, kPair>(
+                                       p, w, &kv_map, smem, piece, u0, u1, rank);
+                                 });
       if constexpr (kPair) tma::drain_pair_ring<Traits>(smem, used0, used1);
     }
     return;
@@ -1098,19 +1104,25 @@ int pair_clusters_resident() {
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                           const CUtensorMap& q_map, int num_tiles, bool direct_split, bool pair,
-                          bool clean, cudaStream_t stream, bool pdl) {
+                          bool clean, bool evict_first, cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, false>>;
   // fp8 caches run unpaired (widened per CTA), as do fp8_ds_mla's gathered blocks
   constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache && KV != Elem::kFp8DsMla;
+  // The balanced schedule's evict-first instantiation: 16-bit caches only.
+  constexpr bool kEvicts = Q == KV && (Q == Elem::kBf16 || Q == Elem::kFp16);
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
   if (pair && (direct_split || clean || !kPairs)) return cudaErrorInvalidValue;  // none built
+  if (evict_first && (direct_split || clean || pair || !kEvicts)) return cudaErrorInvalidValue;
   auto* kernel = direct_split ? (clean ? &seesaw_kernel<Q, KV, true, false, true>
                                        : &seesaw_kernel<Q, KV, true, false, false>)
                  : clean      ? &seesaw_kernel<Q, KV, false, false, true>
                               : &seesaw_kernel<Q, KV, false, false, false>;
   if constexpr (kPairs) {
     if (pair) kernel = &seesaw_kernel<Q, KV, false, true, false>;
+  }
+  if constexpr (kEvicts) {
+    if (evict_first) kernel = &seesaw_kernel<Q, KV, false, false, false, false, false, true>;
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
