@@ -187,8 +187,8 @@ void expect_routes(const std::vector<Row>& rows, const Switches& sw = Switches()
 TEST(Sm90Route, Table) {
   expect_routes({
       // 16-bit dense calls with pages of 16 to 256 keys and aligned strides: the TMA kernels.
-      {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6, the cache evict-first",
-       dense(128, 128, 1), "seesaw schedule parts=66 tiles=2 evict_first combine"},
+      {"DeepSeek-V3, B128 q1: 2 tiles per request, unpaired below 6", dense(128, 128, 1),
+       "seesaw schedule parts=66 tiles=2 combine"},
       {"B128 q4: 8 tiles x 16 parts, paired", dense(128, 128, 4),
        "seesaw schedule parts=16 tiles=8 pair combine"},
       {"a custom mask: cleaned, unpaired", dense(128, 128, 4).masked(),
@@ -256,7 +256,7 @@ TEST(Sm90Route, Table) {
       // Head dims (256, 64) and (512, 0): the same kernels, their tiles zero where the rows have
       // no column.
       {"(256, 64), B128 q1 H128", dense(128, 128, 1).dims(256, 64),
-       "seesaw schedule parts=66 tiles=2 evict_first combine"},
+       "seesaw schedule parts=66 tiles=2 combine"},
       {"(256, 64), B1 H16", dense(1, 16, 1).dims(256, 64), "few_rows splits=64 rows=16 combine"},
       {"(512, 0), fp8 cache", dense(4, 128, 1).dims(512, 0).dtypes(kBf16, kFp8),
        "seesaw schedule parts=66 tiles=2 combine"},
@@ -338,7 +338,7 @@ TEST(Sm90Route, SparseShapes) {
 // Pairs need the device to hold the whole grid (tiles x parts) in clusters of two at once.
 TEST(Sm90Route, PairsOnlyWhereTheDeviceHoldsTheGrid) {
   expect_routes({{"128 CTAs, 10 clusters of two", dense(128, 128, 4),
-                  "seesaw schedule parts=16 tiles=8 evict_first combine"}},
+                  "seesaw schedule parts=16 tiles=8 combine"}},
                 Switches(), DeviceFacts{132, &clusters_10});
 }
 
@@ -409,11 +409,10 @@ TEST(Sm90Route, PairSwitch) {
                  {"the direct split", dense(1, 128, 4), "seesaw splits=16 direct tiles=8 combine"}},
                 sw);
   sw.pair = 0;
-  expect_routes(
-      {{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 evict_first combine"},
-       {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
-        "seesaw splits=16 tiles=2 sparse combine"}},
-      sw);
+  expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"},
+                 {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+                  "seesaw splits=16 tiles=2 sparse combine"}},
+                sw);
 }
 
 // A sparse call of one split on the seesaw kernel runs a row of CTAs per token by default;
@@ -448,23 +447,36 @@ TEST(Sm90Route, SparsePairsNeedClusters) {
 }
 
 // The evict-first instantiation: the balanced schedule's unpaired, uncleaned 16-bit calls of two
-// or more tiles a request; the switch turns it off.
+// or more tiles a request whose parts hold at most 96 blocks each; the switch turns it off.
 TEST(Sm90Route, EvictFirst) {
-  expect_routes({{"fp16, B64 q2 H64", dense(64, 64, 2).dtypes(kFp16, kFp16),
-                  "seesaw schedule parts=66 tiles=2 evict_first combine"},
-                 {"one tile a request: bound by its bytes", dense(128, 64, 1),
-                  "seesaw schedule parts=132 tiles=1 combine"},
-                 {"a custom mask: cleaned", dense(128, 128, 1).masked(),
-                  "seesaw schedule parts=66 tiles=2 clean combine"},
-                 {"paired", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 pair combine"},
-                 {"the direct split", dense(1, 128, 1), "seesaw splits=64 direct tiles=2 combine"},
-                 {"bf16 query, fp8 cache", dense(4, 128, 1).dtypes(kBf16, kFp8),
-                  "seesaw schedule parts=66 tiles=2 combine"},
-                 {"fp8_ds_mla cache", dense(4, 128, 1).fp8_ds_mla(),
-                  "seesaw schedule parts=66 tiles=2 combine"}});
+  expect_routes(
+      {{"B32 q1 H128, 4096 keys: 31 blocks a part", dense(32, 128, 1).keys(4096),
+        "seesaw schedule parts=66 tiles=2 evict_first combine"},
+       {"fp16, B16 q2 H64, 16384 keys: 62 blocks a part",
+        dense(16, 64, 2).dtypes(kFp16, kFp16).keys(16384),
+        "seesaw schedule parts=66 tiles=2 evict_first combine"},
+       {"B8 q3 H64, 16384 keys: 3 tiles, 47 blocks a part", dense(8, 64, 3).keys(16384),
+        "seesaw schedule parts=44 tiles=3 evict_first combine"},
+       {"B66 q1 H128, 6144 keys: 96 blocks a part", dense(66, 128, 1).keys(6144),
+        "seesaw schedule parts=66 tiles=2 evict_first combine"},
+       {"... one key more: 97", dense(66, 128, 1).keys(6145),
+        "seesaw schedule parts=66 tiles=2 combine"},
+       {"B128 q1 H128, 8192 keys: 248 blocks a part", dense(128, 128, 1),
+        "seesaw schedule parts=66 tiles=2 combine"},
+       {"one tile a request: bound by its bytes", dense(32, 64, 1).keys(4096),
+        "seesaw schedule parts=132 tiles=1 combine"},
+       {"a custom mask: cleaned", dense(32, 128, 1).keys(4096).masked(),
+        "seesaw schedule parts=66 tiles=2 clean combine"},
+       {"paired", dense(8, 128, 4).keys(4096), "seesaw schedule parts=16 tiles=8 pair combine"},
+       {"the direct split", dense(1, 128, 1), "seesaw splits=64 direct tiles=2 combine"},
+       {"bf16 query, fp8 cache", dense(32, 128, 1).keys(4096).dtypes(kBf16, kFp8),
+        "seesaw schedule parts=66 tiles=2 combine"},
+       {"fp8_ds_mla cache", dense(32, 128, 1).keys(4096).fp8_ds_mla(),
+        "seesaw schedule parts=66 tiles=2 combine"}});
   Switches sw;
   sw.kv_evict_first = false;
-  expect_routes({{"B128 q1 H128", dense(128, 128, 1), "seesaw schedule parts=66 tiles=2 combine"}},
+  expect_routes({{"B32 q1 H128, 4096 keys", dense(32, 128, 1).keys(4096),
+                  "seesaw schedule parts=66 tiles=2 combine"}},
                 sw);
 }
 

@@ -32,6 +32,11 @@ static_assert(kAlign == ::mla::sm90::kCheckRecordBytes, "the checked mode's reco
 // below that, and on the direct split at any tile count, the two CTAs' lockstep cost more than
 // the halved L2 traffic gave (docs/sm90-seesaw.md, Pairs).
 constexpr int64_t kPairMinTiles = 6;
+// The balanced schedule's evict-first instantiation (Route::evict_first) where the parts hold at
+// most this many blocks each (batch x max_seq_len's blocks over the parts): at 31 to 62 blocks a
+// part it measured 0.7 to 2.3% faster, at 124 to 496 within 0.4% either way (docs/perf-notes.md,
+// Change 87).
+constexpr int64_t kEvictFirstPartBlocks = 96;
 // The fewest blocks per split at which a call of one request (the direct split) with an e4m3
 // query over an e4m3 cache runs the FP8 seesaw kernel rather than the seesaw kernel over the cache
 // widened in shared memory (docs/perf-notes.md).
@@ -347,10 +352,15 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.pair = allowed && wanted && r.layout.scheduled && !r.clean &&
              p.kv_dtype != dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain &&
              r.tiles * r.layout.parts <= 2LL * device.pair_clusters(tma_elem(p.q_dtype));
+    // The cache evict-first where a part's run is short against the partials it leaves (at most
+    // kEvictFirstPartBlocks blocks a part, from max_seq_len: no host read of seq_lens).
+    const int64_t request_blocks =
+        ceil_div(std::max<int64_t>(1, p.max_seq_len), ::mla::sm90::kBlockKeys);
     r.evict_first = sw.kv_evict_first && r.layout.scheduled && !r.pair && !r.clean &&
                     r.tiles >= 2 && p.kv_format == KvFormat::kPlain &&
                     ((p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16) ||
-                     (p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16));
+                     (p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16)) &&
+                    p.batch * request_blocks <= kEvictFirstPartBlocks * r.layout.parts;
     // An e4m3 query over an e4m3 cache: the FP8 seesaw kernel, both GEMMs on the FP8 tensor
     // cores (docs/sm90-fp8.md). On the direct split only where each split holds enough blocks:
     // the FP8 kernel's longer chain per block is exposed where a CTA has few of them, and the

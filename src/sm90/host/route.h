@@ -84,10 +84,10 @@ struct Route {
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
   // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
   bool pair = false;
-  // kSeesaw, balanced schedule, 16-bit cache, unpaired and uncleaned, two or more tiles a request:
-  // the cache boxes carry the evict-first L2 policy (the direct split's always do), which keeps
-  // the partials the combine reads back in L2 (docs/sm90-seesaw.md, Evict-first). A request of
-  // one tile, bound by its bytes, measured 2 to 4% slower with it.
+  // kSeesaw, balanced schedule, 16-bit cache, unpaired and uncleaned, two or more tiles a request,
+  // parts of at most 96 blocks: the cache boxes carry the evict-first L2 policy (the direct
+  // split's always do), which keeps the partials the combine reads back in L2 (docs/sm90-seesaw.md,
+  // the direct split). A request of one tile, bound by its bytes, measured 2 to 4% slower with it.
   bool evict_first = false;
   // kSeesaw: rows of a tile attend the request's draft keys unequally (a custom mask, or tiles
   // that span two tokens); the kernel keeps a non-finite draft key from the rows that do not

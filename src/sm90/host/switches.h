@@ -39,8 +39,8 @@ struct Switches {
   bool query_tma = true;
   // MLA_SM90_HOLD_FIRST_S=0: both consumers issue a segment's first S GEMMs at once.
   bool hold_first_s = true;
-  // MLA_SM90_KV_EVICT_FIRST=0: the seesaw kernel's balanced-schedule calls of two or more tiles a
-  // request load a 16-bit cache without the evict-first L2 policy (route.h, Route::evict_first).
+  // MLA_SM90_KV_EVICT_FIRST=0: the seesaw kernel's balanced-schedule calls that would take the
+  // evict-first L2 policy for a 16-bit cache load it without (route.h, Route::evict_first).
   bool kv_evict_first = true;
   // MLA_SM90_CONSUMER_FENCE=0: the few-rows sparse producer that gathers e4m3 rows a block ahead
   // fences each chunk itself before publishing it, instead of its consumers after their wait.
