@@ -422,26 +422,48 @@ struct FastRng {
   float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.0f; }  // [-1, 1)
 };
 
-// Fills `n` elements of `t` with values of roughly unit scale.
-void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, FastRng& rng) {
+// Runs work(i) for every i in [0, n) on every hardware thread (at most n threads), each taking
+// the next index as it finishes one.
+template <typename Work>
+void for_each_on_all_threads(int64_t n, const Work& work) {
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    for (int64_t i = next++; i < n; i = next++) work(i);
+  };
+  const int64_t workers = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+}
+
+// Fills `n` elements of `t` with values of roughly unit scale, in blocks of 2^20 elements on every
+// hardware thread, each block from its own seed, so the values depend on `seed` alone (a cache of
+// a GiB fills in a fraction of a second instead of seconds).
+void fill_random(std::vector<uint8_t>& buf, mla::DataType t, size_t n, uint64_t seed) {
   using namespace mla::detail::cpu;
+  constexpr size_t kBlock = size_t{1} << 20;
   buf.resize(n * dtype_bytes(t));
-  for (size_t i = 0; i < n; ++i) {
-    if (t == mla::dtype::kFloat8E4M3) {
-      // Sign, exponent 4..9 (scale 2^-3 .. 2^2) and mantissa drawn directly: never NaN.
-      const uint32_t code = static_cast<uint32_t>(rng.next() >> 56);
-      buf[i] = static_cast<uint8_t>((code & 0x87) | ((4 + (code >> 3) % 6) << 3));
-    } else if (t == mla::dtype::kBFloat16) {
-      const uint16_t h = float_to_bf16(rng.uniform());
-      std::memcpy(&buf[2 * i], &h, 2);
-    } else if (t == mla::dtype::kFloat16) {
-      const uint16_t h = float_to_fp16(rng.uniform());
-      std::memcpy(&buf[2 * i], &h, 2);
-    } else {
-      const float f = rng.uniform();
-      std::memcpy(&buf[4 * i], &f, 4);
+  for_each_on_all_threads(static_cast<int64_t>((n + kBlock - 1) / kBlock), [&](int64_t blk) {
+    FastRng rng(seed ^ (0x3C6EF372ull + static_cast<uint64_t>(blk) * 0x100000001B3ull));
+    const size_t end = std::min(n, (static_cast<size_t>(blk) + 1) * kBlock);
+    for (size_t i = static_cast<size_t>(blk) * kBlock; i < end; ++i) {
+      if (t == mla::dtype::kFloat8E4M3) {
+        // Sign, exponent 4..9 (scale 2^-3 .. 2^2) and mantissa drawn directly: never NaN.
+        const uint32_t code = static_cast<uint32_t>(rng.next() >> 56);
+        buf[i] = static_cast<uint8_t>((code & 0x87) | ((4 + (code >> 3) % 6) << 3));
+      } else if (t == mla::dtype::kBFloat16) {
+        const uint16_t h = float_to_bf16(rng.uniform());
+        std::memcpy(&buf[2 * i], &h, 2);
+      } else if (t == mla::dtype::kFloat16) {
+        const uint16_t h = float_to_fp16(rng.uniform());
+        std::memcpy(&buf[2 * i], &h, 2);
+      } else {
+        const float f = rng.uniform();
+        std::memcpy(&buf[4 * i], &f, 4);
+      }
     }
-  }
+  });
 }
 
 // `x` (|x| <= 448) as float8 e4m3fn, rounded to the nearest value (ties to even).
@@ -464,38 +486,29 @@ void fill_ds_mla(std::vector<uint8_t>& buf, int64_t rows, uint64_t seed) {
   constexpr int64_t kBlock = 4096;  // rows per seed
   buf.assign(static_cast<size_t>(rows * kDsMlaRowBytes), 0);
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
+  for_each_on_all_threads(blocks, [&](int64_t blk) {
     float x[kDsMlaLatent];
-    for (int64_t blk = next++; blk < blocks; blk = next++) {
-      FastRng rng(seed ^ (0xD5A1ull + static_cast<uint64_t>(blk) * 0x100000001B3ull));
-      for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
-        uint8_t* row = buf.data() + r * kDsMlaRowBytes;
-        for (float& v : x) v = rng.uniform();
-        for (int64_t g = 0; g < kDsMlaLatent / kDsMlaGroup; ++g) {
-          float amax = 0.0f;
-          for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
-            amax = std::max(amax, std::fabs(x[k]));
-          }
-          const float scale = std::max(amax, 1e-4f) / 448.0f;
-          std::memcpy(row + kDsMlaLatent + 4 * g, &scale, 4);
-          for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
-            row[k] = to_e4m3(std::clamp(x[k] / scale, -448.0f, 448.0f));
-          }
+    FastRng rng(seed ^ (0xD5A1ull + static_cast<uint64_t>(blk) * 0x100000001B3ull));
+    for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
+      uint8_t* row = buf.data() + r * kDsMlaRowBytes;
+      for (float& v : x) v = rng.uniform();
+      for (int64_t g = 0; g < kDsMlaLatent / kDsMlaGroup; ++g) {
+        float amax = 0.0f;
+        for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
+          amax = std::max(amax, std::fabs(x[k]));
         }
-        for (int64_t k = 0; k < kDsMlaRope; ++k) {
-          const uint16_t h = mla::detail::cpu::float_to_bf16(rng.uniform());
-          std::memcpy(row + kDsMlaLatent + 16 + 2 * k, &h, 2);
+        const float scale = std::max(amax, 1e-4f) / 448.0f;
+        std::memcpy(row + kDsMlaLatent + 4 * g, &scale, 4);
+        for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
+          row[k] = to_e4m3(std::clamp(x[k] / scale, -448.0f, 448.0f));
         }
       }
+      for (int64_t k = 0; k < kDsMlaRope; ++k) {
+        const uint16_t h = mla::detail::cpu::float_to_bf16(rng.uniform());
+        std::memcpy(row + kDsMlaLatent + 16 + 2 * k, &h, 2);
+      }
     }
-  };
-  const int64_t workers =
-      std::min<int64_t>(blocks, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  });
 }
 
 // Keys attended by query token i of a request with `seq_len` tokens and `n` query tokens (causal).
@@ -572,12 +585,12 @@ void build_step(const Config& c, Step& s) {
   if (c.seq_sd > 0) {
     check_host_memory(c, s, static_cast<double>(s.num_pages), static_cast<double>(s.max_pages));
   }
-  FastRng fast(c.seed);
-  fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), fast);
+  fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), c.seed);
   if (s.ds_mla) {
     fill_ds_mla(s.kv, s.num_pages * c.page_size, c.seed);
   } else {
-    fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D), fast);
+    fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D),
+                c.seed ^ 0x9B05688Cull);
   }
   std::vector<int32_t> pages(static_cast<size_t>(s.num_pages));
   std::iota(pages.begin(), pages.end(), 0);
