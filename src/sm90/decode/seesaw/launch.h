@@ -20,7 +20,7 @@ namespace mla::sm90::seesaw {
 // two tokens); the kernel then keeps a non-finite draft key from reaching the rows that do not
 // attend it (seesaw_kernel.cuh, kClean). `evict_first` (the route's choice: balanced schedule,
 // unpaired, uncleaned, 16-bit caches): the cache boxes carry the evict-first L2 policy, so that the
-// partials the combine reads back stay in L2 (docs/sm90-seesaw.md, Evict-first).
+// partials the combine reads back stay in L2 (docs/sm90-seesaw.md, the direct split).
 // q_map: the query's tensor map where params.query_tma (tma::make_query_tensor_map), else unused.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& kv_map,
