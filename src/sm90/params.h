@@ -126,9 +126,10 @@ struct DecodeKernelParams {
 };
 
 // NOTE: a member added anywhere but last moves every later member's offset, and ptxas then pairs
-// the constant loads differently in every kernel, those that never read the member included (the
-// likely cause of a ~2% loss on the short-segment rows: docs/perf-notes.md, Changes 85 and 86).
-// New members go last (which leaves this offset as it is); the assert catches one put elsewhere.
+// the constant loads differently in every kernel, those that never read the member included: a
+// timed change to one kernel then moves all of them (docs/perf-notes.md, Changes 85 and 86; the
+// ~2% those builds lost was the producer's run-time branch, not the member's place). New members
+// go last (which leaves this offset as it is); the assert catches one put elsewhere.
 static_assert(offsetof(DecodeKernelParams, consumer_fence) == 452,
               "DecodeKernelParams: add new members last (see the note above)");
 
