@@ -422,19 +422,28 @@ struct FastRng {
   float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-23f - 1.0f; }  // [-1, 1)
 };
 
-// Runs work(i) for every i in [0, n) on every hardware thread (at most n threads), each taking
-// the next index as it finishes one.
-template <typename Work>
-void for_each_on_all_threads(int64_t n, const Work& work) {
+// Runs work(state, i) for every i in [0, n) on every hardware thread (at most n threads), each
+// taking the next index as it finishes one; `state` is the thread's own make_state() (scratch
+// kept across its indices).
+template <typename MakeState, typename Work>
+void for_each_on_all_threads(int64_t n, const MakeState& make_state, const Work& work) {
   std::atomic<int64_t> next{0};
   auto run = [&] {
-    for (int64_t i = next++; i < n; i = next++) work(i);
+    auto state = make_state();
+    for (int64_t i = next++; i < n; i = next++) work(state, i);
   };
   const int64_t workers = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (int64_t w = 1; w < workers; ++w) pool.emplace_back(run);
   run();
   for (std::thread& t : pool) t.join();
+}
+
+// The same without per-thread state: work(i).
+template <typename Work>
+void for_each_on_all_threads(int64_t n, const Work& work) {
+  for_each_on_all_threads(
+      n, [] { return 0; }, [&](int, int64_t i) { work(i); });
 }
 
 // Fills `n` elements of `t` with values of roughly unit scale, in blocks of 2^20 elements on every
@@ -721,60 +730,63 @@ std::vector<RowMagnitudes> row_magnitudes(const Config& c, const Step& s, int64_
   const int64_t rows = c.q_len * c.heads;
   const double scale = s.params.bmm1_scale;
   std::vector<RowMagnitudes> out(static_cast<size_t>(rows));
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    std::vector<float> q(static_cast<size_t>(D)), k(static_cast<size_t>(D));
+  struct Scratch {
+    std::vector<float> q, k;
     std::vector<double> scores;
     std::vector<int64_t> slots;
-    for (int64_t r = next++; r < rows; r = next++) {
-      const int64_t i = r / c.heads;  // query token; head r % c.heads
-      decode_values(s.query.data() + static_cast<size_t>((b * c.q_len * c.heads + r) * D) *
-                                         dtype_bytes(s.q_dtype),
-                    s.q_dtype, D, q.data());
-      attended_slots(c, s, b, i, slots);
-      const int64_t n = static_cast<int64_t>(slots.size());
-      scores.assign(static_cast<size_t>(n), 0.0);
-      double max_score = -HUGE_VAL, max_magnitude = 0.0;
-      for (int64_t j = 0; j < n; ++j) {
-        decode_kv_row(s, slots[j], D, k.data());
-        double dot = 0.0, magnitude = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          const double term = static_cast<double>(q[d]) * k[d];
-          dot += term;
-          magnitude += std::fabs(term);
-        }
-        scores[j] = scale * dot;
-        max_score = std::max(max_score, scores[j]);
-        max_magnitude = std::max(max_magnitude, scale * magnitude);
+  };
+  auto make_scratch = [&] {
+    Scratch sc;
+    sc.q.resize(static_cast<size_t>(D));
+    sc.k.resize(static_cast<size_t>(D));
+    return sc;
+  };
+  for_each_on_all_threads(rows, make_scratch, [&](Scratch& sc, int64_t r) {
+    std::vector<float>& q = sc.q;
+    std::vector<float>& k = sc.k;
+    std::vector<double>& scores = sc.scores;
+    std::vector<int64_t>& slots = sc.slots;
+    const int64_t i = r / c.heads;  // query token; head r % c.heads
+    decode_values(s.query.data() +
+                      static_cast<size_t>((b * c.q_len * c.heads + r) * D) * dtype_bytes(s.q_dtype),
+                  s.q_dtype, D, q.data());
+    attended_slots(c, s, b, i, slots);
+    const int64_t n = static_cast<int64_t>(slots.size());
+    scores.assign(static_cast<size_t>(n), 0.0);
+    double max_score = -HUGE_VAL, max_magnitude = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      decode_kv_row(s, slots[j], D, k.data());
+      double dot = 0.0, magnitude = 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        const double term = static_cast<double>(q[d]) * k[d];
+        dot += term;
+        magnitude += std::fabs(term);
       }
-      RowMagnitudes& m = out[static_cast<size_t>(r)];
-      m.abs_sum.assign(static_cast<size_t>(L), 0.0);
-      m.tail.assign(static_cast<size_t>(L), 0.0);
-      m.score_err = 4.0 * std::sqrt(static_cast<double>(D)) * 0x1.0p-24 * max_magnitude;
-      m.score_err8 = 6.0 * 0x1.0p-13 * max_magnitude;
-      double z = 0.0;
-      for (int64_t j = 0; j < n; ++j) {
-        const double p = std::exp(scores[j] - max_score);
-        const double p_tail = std::min(p, 0x1.0p-18);
-        z += p;
-        decode_kv_row(s, slots[j], L, k.data());
-        for (int64_t l = 0; l < L; ++l) {
-          m.abs_sum[l] += p * std::fabs(k[l]);
-          m.tail[l] += p_tail * std::fabs(k[l]);
-        }
-      }
-      if (z > 0.0) {
-        for (double& a : m.abs_sum) a /= z;
-        for (double& a : m.tail) a /= z;
+      scores[j] = scale * dot;
+      max_score = std::max(max_score, scores[j]);
+      max_magnitude = std::max(max_magnitude, scale * magnitude);
+    }
+    RowMagnitudes& m = out[static_cast<size_t>(r)];
+    m.abs_sum.assign(static_cast<size_t>(L), 0.0);
+    m.tail.assign(static_cast<size_t>(L), 0.0);
+    m.score_err = 4.0 * std::sqrt(static_cast<double>(D)) * 0x1.0p-24 * max_magnitude;
+    m.score_err8 = 6.0 * 0x1.0p-13 * max_magnitude;
+    double z = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double p = std::exp(scores[j] - max_score);
+      const double p_tail = std::min(p, 0x1.0p-18);
+      z += p;
+      decode_kv_row(s, slots[j], L, k.data());
+      for (int64_t l = 0; l < L; ++l) {
+        m.abs_sum[l] += p * std::fabs(k[l]);
+        m.tail[l] += p_tail * std::fabs(k[l]);
       }
     }
-  };
-  const int64_t workers =
-      std::min<int64_t>(rows, std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+    if (z > 0.0) {
+      for (double& a : m.abs_sum) a /= z;
+      for (double& a : m.tail) a /= z;
+    }
+  });
   return out;
 }
 
