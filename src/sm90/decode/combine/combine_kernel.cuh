@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 
 #include "sm90/common.cuh"
@@ -437,20 +438,33 @@ auto combine_kernel_for(int rows_per_item) {
                               : &combine_kernel<Out, 4>;
 }
 
-// Resident CTAs per SM of combine_kernel<Out, rows_per_item> at `threads` threads (occupancy
-// API, cached).
-template <Elem Out>
-cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
-  static std::atomic<int> resident[kCombineMaxRows + 1][kCombineMaxThreads / 32 + 1];
-  std::atomic<int>& cached = resident[rows_per_item][(threads + 31) / 32];
-  per_sm = cached.load(std::memory_order_relaxed);
+// Devices whose residencies are cached; a device past them asks the occupancy API every call.
+inline constexpr int kMaxDevices = 64;
+using ResidencyCache = std::array<std::atomic<int>, kMaxDevices>;  // per device; 0: not read yet
+
+// Resident CTAs per SM (at least 1) of `kernel` at `threads` threads on the current device
+// (occupancy API, cached per device in `cache`: each device's limits are its own).
+template <typename Kernel>
+cudaError_t cached_residency(ResidencyCache& cache, Kernel kernel, int threads, int& per_sm) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  std::atomic<int>* cached = device < kMaxDevices ? &cache[device] : nullptr;
+  per_sm = cached != nullptr ? cached->load(std::memory_order_relaxed) : 0;
   if (per_sm != 0) return cudaSuccess;
-  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, combine_kernel_for<Out>(rows_per_item), threads, 0);
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
   if (err != cudaSuccess) return err;
   per_sm = std::max(per_sm, 1);
-  cached.store(per_sm, std::memory_order_relaxed);
+  if (cached != nullptr) cached->store(per_sm, std::memory_order_relaxed);
   return cudaSuccess;
+}
+
+// Resident CTAs per SM of combine_kernel<Out, rows_per_item> at `threads` threads.
+template <Elem Out>
+cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
+  static ResidencyCache resident[kCombineMaxRows + 1][kCombineMaxThreads / 32 + 1];
+  return cached_residency(resident[rows_per_item][(threads + 31) / 32],
+                          combine_kernel_for<Out>(rows_per_item), threads, per_sm);
 }
 
 // The CTA shape: column chunks (1, 2, 4, 8) x split groups (kCombineBatch vectors in flight each)
@@ -473,15 +487,11 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int r
   if (splits <= rows_max_splits &&
       (rows_max_splits >= kMaxSplits || rows * 2 >= static_cast<int64_t>(sm_count) * kRowsWarps)) {
     if (rows >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit row indices
-    static std::atomic<int> resident{0};
-    int per_sm = resident.load(std::memory_order_relaxed);
-    if (per_sm == 0) {
-      const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, &combine_rows_kernel<Out>, kRowsWarps * 32, 0);
-      if (err != cudaSuccess) return err;
-      per_sm = std::max(per_sm, 1);
-      resident.store(per_sm, std::memory_order_relaxed);
-    }
+    static ResidencyCache resident;
+    int per_sm = 0;
+    const cudaError_t err =
+        cached_residency(resident, &combine_rows_kernel<Out>, kRowsWarps * 32, per_sm);
+    if (err != cudaSuccess) return err;
     const int grid = static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>((rows + kRowsWarps - 1) / kRowsWarps,
                                                static_cast<int64_t>(sm_count) * per_sm)));
