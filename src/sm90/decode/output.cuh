@@ -90,21 +90,32 @@ __device__ __forceinline__ uint32_t pack_out(const DecodeKernelParams& p, float 
   return word;
 }
 
-// Stores 8 consecutive out values (four packed words) at element offset o: one 16-byte store where
-// out's address and strides allow it (p.out_vec16), else four 4-byte or eight 2-byte stores.
-__device__ __forceinline__ void store_out8(const DecodeKernelParams& p, int64_t o,
-                                           const uint4& words) {
+// Stores 4 consecutive out values (two packed words) at element offset o, a multiple of 4: one
+// 8-byte store where out's address and strides allow it (p.out_vec8), else four 2-byte stores.
+__device__ __forceinline__ void store_out4(const DecodeKernelParams& p, int64_t o,
+                                           const uint2& words) {
   auto* base = static_cast<uint16_t*>(p.out);
-  if (p.out_vec16) {
-    *reinterpret_cast<uint4*>(base + o) = words;
+  if (p.out_vec8) {
+    *reinterpret_cast<uint2*>(base + o) = words;
     return;
   }
-  const uint32_t w[4] = {words.x, words.y, words.z, words.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    base[o + 2 * k] = static_cast<uint16_t>(w[k] & 0xffffu);
-    base[o + 2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+  base[o + 0] = static_cast<uint16_t>(words.x & 0xffffu);
+  base[o + 1] = static_cast<uint16_t>(words.x >> 16);
+  base[o + 2] = static_cast<uint16_t>(words.y & 0xffffu);
+  base[o + 3] = static_cast<uint16_t>(words.y >> 16);
+}
+
+// Stores 8 consecutive out values (four packed words) at element offset o, a multiple of 8: one
+// 16-byte store where out's address and strides allow it (p.out_vec16), else two 8-byte
+// (p.out_vec8) or eight 2-byte stores.
+__device__ __forceinline__ void store_out8(const DecodeKernelParams& p, int64_t o,
+                                           const uint4& words) {
+  if (p.out_vec16) {
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + o) = words;
+    return;
   }
+  store_out4(p, o, make_uint2(words.x, words.y));
+  store_out4(p, o + 4, make_uint2(words.z, words.w));
 }
 
 // Global token t and head h of query row `row` (token * H + head) of a request whose first token

@@ -224,8 +224,6 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
 
     // ---- out and lse: group 0 ----
     if (g == 0) {
-      using OT = ElemTraits<Out>;
-      auto* out = static_cast<typename OT::Storage*>(p.out);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
@@ -236,18 +234,11 @@ __global__ void __launch_bounds__(R == 1 ? kCombineMaxThreads : kCombineL / 4, R
           if (ro.scale == 0.0f) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no key: acc is garbage
           const int64_t o = out_offset(p, t, h + r) + c;
           if (c < p.kv_lora_rank) {  // out rows are L wide, the partial rows 512
-            if (p.out_vec8) {
-              // NOTE: one 8-byte word: each 32-byte sector of out written once, whole, rather
-              // than in four 2-byte parts (c, L and out's strides are multiples of 4 values).
-              const uint2 word = make_uint2(pack_out(p, v.x * ro.scale, v.y * ro.scale),
-                                            pack_out(p, v.z * ro.scale, v.w * ro.scale));
-              *reinterpret_cast<uint2*>(out + o) = word;
-            } else {
-              OT::store(out, o + 0, v.x * ro.scale);
-              OT::store(out, o + 1, v.y * ro.scale);
-              OT::store(out, o + 2, v.z * ro.scale);
-              OT::store(out, o + 3, v.w * ro.scale);
-            }
+            // NOTE: one 8-byte store where out allows it (p.out_vec8): each 32-byte sector of out
+            // written once, whole, rather than in four 2-byte parts (c is a multiple of 4 values).
+            store_out4(p, o,
+                       make_uint2(pack_out(p, v.x * ro.scale, v.y * ro.scale),
+                                  pack_out(p, v.z * ro.scale, v.w * ro.scale)));
           }
           if (p.lse != nullptr && threadIdx.x == 0 && chunk == 0) {
             p.lse[lse_offset(p, t, h + r)] = ro.lse;
@@ -417,14 +408,7 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 4)
                            pack_out(p, x[4] * ro.scale, x[5] * ro.scale),
                            pack_out(p, x[6] * ro.scale, x[7] * ro.scale));
       }
-      const int64_t oh = o + 256 * half;
-      if (p.out_vec16 || !p.out_vec8) {
-        store_out8(p, oh, words);  // one 16-byte store, or eight 2-byte ones
-      } else {
-        auto* base = static_cast<uint16_t*>(p.out);
-        *reinterpret_cast<uint2*>(base + oh) = make_uint2(words.x, words.y);
-        *reinterpret_cast<uint2*>(base + oh + 4) = make_uint2(words.z, words.w);
-      }
+      store_out8(p, o + 256 * half, words);  // 16-, 8- or 2-byte stores, as out allows
     }
     if (p.lse != nullptr && lane == 0) p.lse[lse_offset(p, it.t, it.h)] = ro.lse;
   }
