@@ -294,6 +294,12 @@ int pair_clusters(Elem e) {
 
 }  // namespace
 
+Elem elem_of(DataType t) {
+  if (t == dtype::kBFloat16) return Elem::kBf16;
+  if (t == dtype::kFloat16) return Elem::kFp16;
+  return Elem::kFp8E4M3;  // validate() admits no other dtype on this backend
+}
+
 Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) {
   const int sms = device.sm_count;
   const Family f = family_of(p, sms, sw);
@@ -358,8 +364,7 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
         ceil_div(std::max<int64_t>(1, p.max_seq_len), ::mla::sm90::kBlockKeys);
     r.evict_first = sw.kv_evict_first && r.layout.scheduled && !r.pair && !r.clean &&
                     r.tiles >= 2 && p.kv_format == KvFormat::kPlain &&
-                    ((p.q_dtype == dtype::kBFloat16 && p.kv_dtype == dtype::kBFloat16) ||
-                     (p.q_dtype == dtype::kFloat16 && p.kv_dtype == dtype::kFloat16)) &&
+                    ::mla::sm90::seesaw::has_evict_first(elem_of(p.q_dtype), elem_of(p.kv_dtype)) &&
                     p.batch * request_blocks <= kEvictFirstPartBlocks * r.layout.parts;
     // An e4m3 query over an e4m3 cache: the FP8 seesaw kernel, both GEMMs on the FP8 tensor
     // cores (docs/sm90-fp8.md). On the direct split only where each split holds enough blocks:

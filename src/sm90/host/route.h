@@ -104,6 +104,9 @@ struct DeviceFacts {
   int (*pair_clusters)(::mla::sm90::Elem e) = nullptr;
 };
 
+// The kernels' element type of a validated call's query or plain kv_cache dtype.
+::mla::sm90::Elem elem_of(DataType t);
+
 // The route of a validated call.
 Route route_of(const Problem& problem, const DeviceFacts& device, const Switches& switches);
 

@@ -42,12 +42,6 @@ namespace tma = ::mla::sm90::tma;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Elem elem_of(DataType t) {
-  if (t == dtype::kBFloat16) return Elem::kBf16;
-  if (t == dtype::kFloat16) return Elem::kFp16;
-  return Elem::kFp8E4M3;  // validate() admits no other dtype on this backend
-}
-
 int log2_exact(int64_t v) {
   int s = 0;
   while ((int64_t{1} << s) < v) ++s;

@@ -8,6 +8,12 @@
 
 namespace mla::sm90::seesaw {
 
+// The (query, kv_cache) pairs with an evict-first instantiation: a 16-bit cache of the query's
+// type, the only calls its gains were measured on (docs/perf-notes.md, Changes 85 and 87).
+__host__ __device__ constexpr bool has_evict_first(Elem q, Elem kv) {
+  return q == kv && (q == Elem::kBf16 || q == Elem::kFp16);
+}
+
 // Computes the partials of every (split, token, head) in tiles of 64 query rows, or, for a request
 // of one segment (one split), its out and lse; one explicit instantiation per supported (query,
 // kv_cache) pair: (bf16, bf16), (fp16, fp16), (bf16, e4m3) and (e4m3, e4m3) (tma::Formats). Grid

@@ -156,9 +156,9 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   static_assert(!(kDirect && kPair),
                 "pairs run on the balanced schedule (docs/sm90-seesaw.md, Pairs)");
   static_assert(!(kClean && kPair), "calls that need cleaning run unpaired");
-  static_assert(!kEvictFirst || (!kDirect && !kPair && !kClean && !kSparse && Q == KV &&
-                                 (Q == Elem::kBf16 || Q == Elem::kFp16)),
-                "evict-first instantiations: the balanced schedule's 16-bit calls only");
+  static_assert(
+      !kEvictFirst || (!kDirect && !kPair && !kClean && !kSparse && has_evict_first(Q, KV)),
+      "evict-first instantiations: the balanced schedule's 16-bit calls only");
   static_assert(!(F::kFp8Cache && kPair) || kGatherPair, "fp8 caches run unpaired (dense)");
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys;
   constexpr float kMaxSlack = 8.0f;  // base 2
@@ -1108,8 +1108,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, false>>;
   // fp8 caches run unpaired (widened per CTA), as do fp8_ds_mla's gathered blocks
   constexpr bool kPairs = !tma::Formats<Q, KV>::kFp8Cache && KV != Elem::kFp8DsMla;
-  // The balanced schedule's evict-first instantiation: 16-bit caches only.
-  constexpr bool kEvicts = Q == KV && (Q == Elem::kBf16 || Q == Elem::kFp16);
+  constexpr bool kEvicts = has_evict_first(Q, KV);  // the balanced schedule's evict-first kernel
   constexpr size_t smem = Traits::kSmemBytes;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
   if (pair && (direct_split || clean || !kPairs)) return cudaErrorInvalidValue;  // none built
