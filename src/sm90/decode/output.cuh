@@ -106,16 +106,24 @@ __device__ __forceinline__ void store_out4(const DecodeKernelParams& p, int64_t 
 }
 
 // Stores 8 consecutive out values (four packed words) at element offset o, a multiple of 8: one
-// 16-byte store where out's address and strides allow it (p.out_vec16), else two 8-byte
-// (p.out_vec8) or eight 2-byte stores.
+// 16-byte store where out's address and strides allow it (p.out_vec16), else eight 2-byte stores.
+// NOTE: no 8-byte tier (the combine's row kernel adds its own, through store_out4): with one in
+// here, the decode kernels' out staging (this path only for an out not 16-byte aligned) changed
+// the seesaw kernel's register allocation and ran 0.5 to 0.7% slower on aligned outs
+// (docs/perf-notes.md, "One store_out8 for every kernel, measured").
 __device__ __forceinline__ void store_out8(const DecodeKernelParams& p, int64_t o,
                                            const uint4& words) {
+  auto* base = static_cast<uint16_t*>(p.out);
   if (p.out_vec16) {
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + o) = words;
+    *reinterpret_cast<uint4*>(base + o) = words;
     return;
   }
-  store_out4(p, o, make_uint2(words.x, words.y));
-  store_out4(p, o + 4, make_uint2(words.z, words.w));
+  const uint32_t w[4] = {words.x, words.y, words.z, words.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    base[o + 2 * k] = static_cast<uint16_t>(w[k] & 0xffffu);
+    base[o + 2 * k + 1] = static_cast<uint16_t>(w[k] >> 16);
+  }
 }
 
 // Global token t and head h of query row `row` (token * H + head) of a request whose first token

@@ -408,7 +408,13 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 4)
                            pack_out(p, x[4] * ro.scale, x[5] * ro.scale),
                            pack_out(p, x[6] * ro.scale, x[7] * ro.scale));
       }
-      store_out8(p, o + 256 * half, words);  // 16-, 8- or 2-byte stores, as out allows
+      const int64_t oh = o + 256 * half;
+      if (p.out_vec16) {
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + oh) = words;
+      } else {  // two 8-byte stores where out allows them, else 2-byte ones
+        store_out4(p, oh, make_uint2(words.x, words.y));
+        store_out4(p, oh + 4, make_uint2(words.z, words.w));
+      }
     }
     if (p.lse != nullptr && lane == 0) p.lse[lse_offset(p, it.t, it.h)] = ro.lse;
   }

@@ -986,7 +986,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
     // o = bmm2 O / sum in the out type); O is scaled and rounded into the query tile (free: this
     // segment's GEMMs are done), then each row leaves by one bulk copy (or, for out where its
-    // layout does not allow it, store_out8's 8- or 2-byte stores) ----
+    // layout does not allow it, store_out8's 2-byte stores) ----
     // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed a whole
     // request's rows).
     if (cw == 0 && (lane & 3) < 2) {
