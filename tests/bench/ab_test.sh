@@ -7,6 +7,9 @@ set -u
 bench=${1:?usage: ab_test.sh path/to/mla-bench}
 bench=$(cd "$(dirname "$bench")" && pwd)/$(basename "$bench")
 ab="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/ab.sh"
+# The script's other settings from the caller's environment would change what is checked (OUT:
+# the calls without their own would write their tables into the caller's folder).
+unset OUT ROUNDS A_ENV B_ENV CMAKE_ARGS
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
