@@ -518,7 +518,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
         {
           Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
           Tensor tSrK = thr_qk.partition_fragment_B(sK);
-          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase);
+          // kGatherPair: the producers publish their stores without a proxy fence; this
+          // consumer fences after each chunk's wait, which also orders consumer 1's reads of the
+          // block behind the hand-off (tma::gather_ahead_blocks).
+          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase,
+                                    tma::NoHook{}, kGatherPair);
         }
         // ---- mask (keys whose entry is -1, slot[stage]); row max over the block (base 2) ----
         // NOTE: the dense rounds' softmax below, without their mask tensor, draft cleaning and

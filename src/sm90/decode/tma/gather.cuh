@@ -506,28 +506,29 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
 }
 
 // ---- e4m3 rows loaded ahead into registers (docs/sm90-sparse.md, Pairs) ----
-// Rows are plain 16-byte global loads into registers, issued one block ahead (a stage's release
-// is not followed by a DRAM round trip), widened there and stored into the stage.
+// Rows are plain global loads into registers, issued one block ahead (a stage's release is not
+// followed by a DRAM round trip), widened there and stored into the stage. Eight lanes hold one
+// row's chunk, each the 8 e4m3 bytes of one 16-byte unit of its 128-byte chunk row, so that each
+// store instruction of a warp covers four whole chunk rows, 512 bytes in a row.
 // - kPair: the two tiles of a sparse token with more than 64 heads run as a cluster of two CTAs
 //   that read the same blocks. Rank r gathers rows 32 r .. 32 r + 31 of every block and stores
-//   them into its own stage; each warp then copies its 8 widened rows of a latent chunk (1 KB in
-//   a row) into the other CTA's stage with one bulk copy, and stores its rope rows there with
-//   st.async; both complete that CTA's full barrier by bytes. Each row crosses from L2 once and
-//   each CTA's producer widens half the rows.
-// - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, two row groups
-//   per lane.
+//   each unit into its own stage and, with st.async, into the other CTA's (which completes that
+//   CTA's full barrier by bytes). Each row crosses from L2 once and each CTA's producer widens
+//   half the rows. No producer thread fences: the consumers fence after their waits.
+// - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, four a lane.
 
-// Lanes of a producer warp that write the block's entries into slot[] (pieces 0, kPair: and 1):
-// each arrives on chunk 0's full barrier itself, after its writes.
+// Lanes of a producer warp that write the block's entries into slot[] (units 0: their rows;
+// kPair, units 1: their rows' places in the other CTA's half): each arrives on chunk kSlotChunk's
+// full barrier itself, after its writes.
 template <bool kPair>
-inline constexpr uint32_t kSlotWriters = kPair ? 16 : 8;
+inline constexpr uint32_t kSlotWriters = kPair ? 8 : 4;
 // The chunk whose full barrier publishes the entries: the first one stored after both releases.
 inline constexpr int kSlotChunk = 4;
 
 // The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
-// warp (chunk 0: one per slot writer of each warp; kPair: warp 0's first expects the other CTA's
-// 4 KB of the chunk, and those bytes); a stage is refilled once the consumer warps (kPair: of both
-// CTAs) have released it.
+// warp (chunk kSlotChunk: one per slot writer of each warp; kPair: warp 0's first expects the
+// other CTA's 4 KB of the chunk, and those bytes); a stage is refilled once the consumer warps
+// (kPair: of both CTAs) have released it.
 template <typename Traits, bool kPair>
 __device__ __forceinline__ void init_gather_ahead_barriers(
     typename Traits::SharedMemoryPlan& smem) {
@@ -543,7 +544,7 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
     fence_mbar_init();
   }
   if constexpr (kPair) {
-    // NOTE: the other CTA's bulk-copied bytes and releases reach these barriers from here on.
+    // NOTE: the other CTA's stores and releases reach these barriers from here on.
     cluster_sync_relaxed();
   } else {
     __syncthreads();
@@ -552,10 +553,12 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
 
 // Gathers the run's blocks (kPair: rank `rank`'s half of each, into both CTAs' stages), block `it`
 // into stage it % 2 (phases from used0 and used1 as in produce_chunks); `tid` 0..127 over the
-// producer warpgroup. Lane l of warp w holds row 8 w + l % 8 of each 32-row group of a block
-// (kPair: group `rank`; else both) and the 16-byte pieces l / 8 of its 64-byte e4m3 chunk rows
-// (columns 16 (l / 8) .. + 15 of every chunk), which widen to 16-byte units 2 (l / 8) and
-// 2 (l / 8) + 1 of the chunk's 128-byte row. Keys past w.extent and entries of -1 land as zeros.
+// producer warpgroup. Lane l of warp w holds unit l % 8 (e4m3 columns 8 (l % 8) .. + 7 of every
+// chunk, bf16 units for fp8_ds_mla's rope) of rows 8 w + l / 8 and 8 w + 4 + l / 8 of each 32-row
+// group of a block (kPair: group `rank`; else both). Keys past w.extent and entries of -1 land as
+// zeros. The chunks are published without a proxy fence where the consumers fence after their
+// waits (kPair, or p.consumer_fence): a fence here waits for this thread's loads of the next block
+// in flight (docs/sm90-sparse.md, The proxy fence on the consumers' side).
 // NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is stored (in both
 // CTAs) before anything waits for block it's stage, and the loads ahead wait for nothing.
 template <typename Traits, Elem KV, bool kPair>
@@ -570,43 +573,38 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   using T16 =
       std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
   static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
-  constexpr int kGroups = kPair ? 1 : 2;  // 32-row groups of a block per CTA
+  constexpr int kRows = kPair ? 2 : 4;  // rows of a block a lane holds
   constexpr int kKeys = Traits::kKeys;
   constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
   constexpr uint32_t kStageBytes = sizeof(smem.k[0]);
   constexpr uint32_t kPeerChunkBytes = 32 * 128;  // the other CTA's rows of a chunk
+  constexpr int kRopeChunk = Traits::kChunks - 1;
   const int warp = tid >> 5, lane = tid & 31;
-  const int q = lane >> 3;
-  const int phase_row = lane & 7;  // the row's swizzle phase (row % 8)
-  int row[kGroups];
+  const int unit = lane & 7;
+  int row[kRows];
+  uint32_t off[kRows];  // the lane's unit of the row in a chunk region (128-byte swizzle)
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    row[g] = 32 * (kPair ? static_cast<int>(rank) : g) + 8 * warp + phase_row;
+  for (int k = 0; k < kRows; ++k) {
+    row[k] = 32 * (kPair ? static_cast<int>(rank) : k >> 1) + 8 * warp + 4 * (k & 1) + (lane >> 3);
+    off[k] = row[k] * 128 + ((unit ^ (row[k] & 7)) << 4);
   }
-  const int peer_row = row[0] ^ 32;  // kPair: its entry goes to slot[] too (lanes of q 1)
+  const bool own_writer = unit == 0;            // writes its rows' entries
+  const bool peer_writer = kPair && unit == 1;  // writes those of rows row[k] ^ 32
   const int num_blocks = w.block_end - w.block_begin;
   const GatherDims dims = gather_dims(p);
   auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
-  // This thread's two 16-byte units in a chunk region (row group g at + 4 KB g).
-  const uint32_t off_lo = row[0] * 128 + (((2 * q) ^ phase_row) << 4);
-  const uint32_t off_hi = row[0] * 128 + (((2 * q + 1) ^ phase_row) << 4);
   uint8_t* const k_local = reinterpret_cast<uint8_t*>(smem.k[0]);
   const uint32_t k_peer = kPair ? cluster_addr(smem.k[0], rank ^ 1) : 0;
   const uint32_t full_peer = kPair ? cluster_addr(&smem.full[0][0], rank ^ 1) : 0;
+  const bool producer_fence = !kPair && p.consumer_fence == 0;
 
   // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
   auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
-  // The rows' 16-byte pieces: a pair's producers (32 rows a CTA) keep them in L1, where a warp's
-  // next load of the same 128-byte lines finds them (B128 H128 fp8_ds_mla -1%); the unpaired
-  // gathers lost 0.4 to 4% with that hint and keep theirs (docs/perf-notes.md, The register
-  // gathers' load hints).
-  auto ld_row_16 = [](const void* a) {
-    if constexpr (kPair) {
-      return ld_global_nc_16_keep<256>(a);
-    } else {
-      return ld_global_nc_16(a);
-    }
-  };
+  // The rows' pieces: a pair's producers (32 rows a CTA) keep them in L1, where a warp's next load
+  // of the same 128-byte lines finds them (B128 H128 fp8_ds_mla -1%); the unpaired gathers lost
+  // 0.4 to 4% with that hint and keep theirs (docs/perf-notes.md, The register gathers' load
+  // hints).
+  auto ld_row_8 = [](const void* a) { return ld_global_nc_8 < kPair, kPair ? 256 : 128 > (a); };
   auto ld_rope_16 = [](const void* a) {
     if constexpr (kPair) {
       return ld_global_nc_16_keep<128>(a);
@@ -614,99 +612,74 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       return ld_global_nc_16(a);
     }
   };
-  // Block it's entries of this lane's rows (own[g]) and, kPair, of its row in the other half.
-  auto block_entries = [&](int it, int(&own)[kGroups], int& peer) {
+  // Block it's entries of this lane's rows (own) and, for the peer writers, of rows row[k] ^ 32.
+  auto block_entries = [&](int it, int(&own)[kRows], int(&peer)[kRows]) {
     const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) own[g] = it < num_blocks ? entry(key0 + row[g]) : -1;
-    peer = kPair && it < num_blocks && q == 1 ? entry(key0 + peer_row) : -1;
-  };
-
-  uint4 left[kGroups][4];   // chunks 0..3 of the next block's rows, as loaded
-  uint4 right[kGroups][4];  // chunks 4..7
-  uint4 rope[kGroups][2];   // fp8_ds_mla: its bf16 units 2q, 2q + 1 of the rope; fp8: rope[g][0]
-  float4 scale[kGroups];    // fp8_ds_mla: the rows' group scales
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  auto load_left = [&](const int(&e)[kGroups]) {
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const uint8_t* src = e[g] >= 0 ? row_at(p, slot_row16(p, e[g], 1)) + 16 * q : nullptr;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        left[g][c] = src != nullptr ? ld_row_16(src + 64 * c) : zero;
-      }
+    for (int k = 0; k < kRows; ++k) {
+      own[k] = it < num_blocks ? entry(key0 + row[k]) : -1;
+      peer[k] = peer_writer && it < num_blocks ? entry(key0 + (row[k] ^ 32)) : -1;
     }
   };
-  auto load_right = [&](const int(&e)[kGroups]) {
+
+  uint2 left[kRows][4];   // chunks 0..3 of the next block's rows, as loaded
+  uint2 right[kRows][4];  // chunks 4..7
+  uint2 rope8[kRows];     // per-tensor fp8: the rope chunk, as loaded
+  uint4 rope[kRows];      // fp8_ds_mla: bf16 unit `unit` of the rope
+  float4 scale[kRows];    // fp8_ds_mla: the rows' group scales
+  const uint2 zero = make_uint2(0u, 0u);
+  auto load_left = [&](const int(&e)[kRows]) {
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const uint8_t* base = e[g] >= 0 ? row_at(p, slot_row16(p, e[g], 1)) : nullptr;
+    for (int k = 0; k < kRows; ++k) {
+      const uint8_t* src = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) + 8 * unit : nullptr;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) left[k][c] = src != nullptr ? ld_row_8(src + 64 * c) : zero;
+    }
+  };
+  auto load_right = [&](const int(&e)[kRows]) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const uint8_t* base = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) : nullptr;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        right[g][c] =
-            base != nullptr && dims.upper ? ld_row_16(base + 64 * (c + 4) + 16 * q) : zero;
+        right[k][c] =
+            base != nullptr && dims.upper ? ld_row_8(base + 64 * (c + 4) + 8 * unit) : zero;
       }
       if constexpr (G::kDsMla) {
         // The row's four group scales, loaded with chunks 4..7: the previous block's chunks
         // 4..7, the last to use the previous scales, are stored by then.
-        scale[g] = base != nullptr
+        scale[k] = base != nullptr
                        ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
                        : make_float4(0.f, 0.f, 0.f, 0.f);
-        rope[g][0] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 32 * q) : zero;
-        rope[g][1] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 32 * q + 16) : zero;
+        rope[k] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 16 * unit)
+                                  : make_uint4(0u, 0u, 0u, 0u);
       } else {
-        rope[g][0] =
-            base != nullptr && dims.rope ? ld_rope_16(base + dims.rope_col + 16 * q) : zero;
+        rope8[k] = base != nullptr && dims.rope ? ld_row_8(base + dims.rope_col + 8 * unit) : zero;
       }
     }
   };
-  // Stores units (lo, hi) of row group g of chunk c of `stage` (kPair: into both CTAs).
-  // NOTE: the rope chunk's rows go to the other CTA from registers (st.async), not by a bulk copy
-  // of this CTA's stage: the seesaw kernel's first consumer writes P over that chunk once the
-  // block has landed here, which nothing orders after a bulk copy's reads of it.
-  constexpr int kRopeChunk = Traits::kChunks - 1;
-  auto put = [&](int stage, int c, int g, const uint4& lo, const uint4& hi) {
-    const uint32_t o = stage * kStageBytes + c * kChunkBytes + g * 32 * 128;
-    *reinterpret_cast<uint4*>(k_local + o + off_lo) = lo;
-    *reinterpret_cast<uint4*>(k_local + o + off_hi) = hi;
-    if constexpr (kPair) {
-      if (c == kRopeChunk) {
-        const uint32_t bar = full_peer + (stage * Traits::kChunks + c) * 8;
-        st_async_16(k_peer + o + off_lo, lo, bar);
-        st_async_16(k_peer + o + off_hi, hi, bar);
-      }
-    }
+  // Stores the lane's unit of row k of chunk c of `stage` (kPair: into both CTAs; the other CTA's
+  // full barrier of the chunk counts the bytes).
+  auto put = [&](int stage, int c, int k, const uint4& v) {
+    const uint32_t o = stage * kStageBytes + c * kChunkBytes + off[k];
+    *reinterpret_cast<uint4*>(k_local + o) = v;
+    if constexpr (kPair) st_async_16(k_peer + o, v, full_peer + (stage * Traits::kChunks + c) * 8);
   };
-  auto put_e4m3 = [&](int stage, int c, int g, const uint4& v, float s) {
-    uint4 lo, hi;
+  auto put_e4m3 = [&](int stage, int c, int k, const uint2& v, float s) {
     if constexpr (G::kDsMla) {
-      widen_scaled_e4m3x16(v, s, lo, hi);
+      put(stage, c, k, widen_scaled_e4m3x8(v, s));
     } else {
-      widen_e4m3x16<T16>(v, lo, hi);
+      put(stage, c, k, widen_e4m3x8<T16>(v));
     }
-    put(stage, c, g, lo, hi);
   };
-  // This warp's rows of chunk c are stored: kPair, lane 0 copies them to the other CTA (after
-  // every lane's proxy fence and the warp's sync: the bulk copy reads them through the async
-  // proxy), except the rope chunk's, which went there by st.async (put); the chunk's full barrier
-  // gets the warp's arrive from lane 0, chunk kSlotChunk's also from the other slot writers (kPair:
-  // warp 0's lane 0 carries the other CTA's bytes).
+  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive from
+  // lane 0 (after the warp's sync, which orders every lane's stores before it), chunk
+  // kSlotChunk's also from the other slot writers (kPair: warp 0's lane 0 carries the other CTA's
+  // bytes).
   auto arrive = [&](int stage, int c) {
-    // Unpaired, with p.consumer_fence, the consumers fence after their wait instead: a fence here
-    // waits for this thread's loads of the next block in flight (docs/sm90-sparse.md, The proxy
-    // fence on the consumers' side). The pair's bulk copy reads the chunk through the async proxy
-    // right after, so the pair fences here.
-    if (kPair || p.consumer_fence == 0) fence_proxy_async_smem();
+    if (producer_fence) fence_proxy_async_smem();
     __syncwarp();
-    if constexpr (kPair) {
-      // The warp's 8 rows of the chunk, 1 KB in a row, to the same place in the other CTA.
-      if (c != kRopeChunk && lane == 0) {
-        const uint32_t o = stage * kStageBytes + c * kChunkBytes + (row[0] - phase_row) * 128;
-        bulk_copy_to_cluster(k_peer + o, k_local + o, 8 * 128,
-                             full_peer + (stage * Traits::kChunks + c) * 8);
-      }
-    }
-    if (lane == 0 || (c == kSlotChunk && lane < static_cast<int>(kSlotWriters<kPair>))) {
+    if (lane == 0 || (c == kSlotChunk && (own_writer || peer_writer))) {
       if (kPair && warp == 0 && lane == 0) {
         mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
       } else {
@@ -715,8 +688,8 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
   };
 
-  int own[kGroups], own_next[kGroups], own_far[kGroups];  // blocks it, it + 1, it + 2
-  int peer = -1, peer_next = -1, peer_far = -1;
+  int own[kRows], own_next[kRows], own_far[kRows];  // blocks it, it + 1, it + 2
+  int peer[kRows], peer_next[kRows], peer_far[kRows];
   block_entries(0, own, peer);
   if (num_blocks > 0) {
     load_left(own);
@@ -732,50 +705,51 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        put_e4m3(stage, c, g, left[g][c], c < 2 ? scale[g].x : scale[g].y);
+      for (int k = 0; k < kRows; ++k) {
+        put_e4m3(stage, c, k, left[k][c], c < 2 ? scale[k].x : scale[k].y);
       }
       arrive(stage, c);
     }
     if (it + 1 < num_blocks) load_left(own_next);
     mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
-    // The block's entries for the consumers (0 past the extent), from the lanes of piece 0 (their
-    // rows) and, kPair, piece 1 (their rows of the other CTA's half), after both releases (every
-    // consumer thread that read the stage's previous entries has arrived on one of them); each
-    // writer's own arrive on chunk kSlotChunk publishes its writes.
+    // The block's entries for the consumers (0 past the extent), from the slot writers, after
+    // both releases (every consumer thread that read the stage's previous entries has arrived on
+    // one of them); each writer's own arrive on chunk kSlotChunk publishes its writes.
     {
       const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        if (q == 0) smem.slot[stage][row[g]] = key0 + row[g] < w.extent ? own[g] : 0;
+      for (int k = 0; k < kRows; ++k) {
+        if (own_writer) smem.slot[stage][row[k]] = key0 + row[k] < w.extent ? own[k] : 0;
+        if (peer_writer) {
+          smem.slot[stage][row[k] ^ 32] = key0 + (row[k] ^ 32) < w.extent ? peer[k] : 0;
+        }
       }
-      if (kPair && q == 1) smem.slot[stage][peer_row] = key0 + peer_row < w.extent ? peer : 0;
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
-      for (int g = 0; g < kGroups; ++g) {
-        put_e4m3(stage, c + 4, g, right[g][c], c < 2 ? scale[g].z : scale[g].w);
+      for (int k = 0; k < kRows; ++k) {
+        put_e4m3(stage, c + 4, k, right[k][c], c < 2 ? scale[k].z : scale[k].w);
       }
       arrive(stage, c + 4);
     }
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
+    for (int k = 0; k < kRows; ++k) {
       if constexpr (G::kDsMla) {
-        put(stage, 8, g, rope[g][0], rope[g][1]);
+        put(stage, kRopeChunk, k, rope[k]);
       } else {
-        put_e4m3(stage, 8, g, rope[g][0], 0.f);
+        put_e4m3(stage, kRopeChunk, k, rope8[k], 0.f);
       }
     }
-    arrive(stage, 8);
+    arrive(stage, kRopeChunk);
     if (it + 1 < num_blocks) load_right(own_next);
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      own[g] = own_next[g];
-      own_next[g] = own_far[g];
+    for (int k = 0; k < kRows; ++k) {
+      own[k] = own_next[k];
+      own_next[k] = own_far[k];
+      peer[k] = peer_next[k];
+      peer_next[k] = peer_far[k];
     }
-    peer = peer_next;
-    peer_next = peer_far;
   }
 }
 

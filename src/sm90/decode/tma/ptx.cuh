@@ -199,6 +199,29 @@ __device__ __forceinline__ uint4 ld_global_nc_16_keep(const void* p) {
   return v;
 }
 
+// 8 bytes of read-only global memory: kKeep as ld_global_nc_16_keep<kL2Bytes> (kept in L1 until
+// evicted last), else as ld_global_nc_16 (not kept in L1, a 128-byte L2 prefetch).
+template <bool kKeep, int kL2Bytes = 128>
+__device__ __forceinline__ uint2 ld_global_nc_8(const void* p) {
+  static_assert(kL2Bytes == 128 || kL2Bytes == 256, "L2 prefetch of 128 or 256 bytes");
+  static_assert(kKeep || kL2Bytes == 128, "no_allocate loads prefetch 128 bytes");
+  uint2 v;
+  if constexpr (!kKeep) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+  } else if constexpr (kL2Bytes == 256) {
+    asm volatile("ld.global.nc.L1::evict_last.L2::256B.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+  } else {
+    asm volatile("ld.global.nc.L1::evict_last.L2::128B.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+  }
+  return v;
+}
+
 // Brings the line of `p` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");

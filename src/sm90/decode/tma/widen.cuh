@@ -43,17 +43,20 @@ __device__ __forceinline__ uint32_t widen_e4m3x2_half_of(uint32_t word) {
   return y;
 }
 
+// 8 e4m3 values (`v.x` holds the first four) as 8 values of T.
+template <typename T>
+__device__ __forceinline__ uint4 widen_e4m3x8(const uint2& v) {
+  return make_uint4(widen_e4m3x2<T>(static_cast<uint16_t>(v.x)),
+                    widen_e4m3x2<T>(static_cast<uint16_t>(v.x >> 16)),
+                    widen_e4m3x2<T>(static_cast<uint16_t>(v.y)),
+                    widen_e4m3x2<T>(static_cast<uint16_t>(v.y >> 16)));
+}
+
 // 16 e4m3 values as 16 values of T: the low 8 in `lo`, the high 8 in `hi`.
 template <typename T>
 __device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& hi) {
-  lo.x = widen_e4m3x2<T>(static_cast<uint16_t>(v.x));
-  lo.y = widen_e4m3x2<T>(static_cast<uint16_t>(v.x >> 16));
-  lo.z = widen_e4m3x2<T>(static_cast<uint16_t>(v.y));
-  lo.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.y >> 16));
-  hi.x = widen_e4m3x2<T>(static_cast<uint16_t>(v.z));
-  hi.y = widen_e4m3x2<T>(static_cast<uint16_t>(v.z >> 16));
-  hi.z = widen_e4m3x2<T>(static_cast<uint16_t>(v.w));
-  hi.w = widen_e4m3x2<T>(static_cast<uint16_t>(v.w >> 16));
+  lo = widen_e4m3x8<T>(make_uint2(v.x, v.y));
+  hi = widen_e4m3x8<T>(make_uint2(v.z, v.w));
 }
 
 // Two e4m3 values times `scale` as two bf16 values (the fp8_ds_mla cache): the product rounds to
@@ -66,17 +69,19 @@ __device__ __forceinline__ uint32_t widen_scaled_e4m3x2(uint16_t two, float scal
   return word;
 }
 
+// 8 e4m3 values (`v.x` holds the first four) times `scale` as 8 bf16 values.
+__device__ __forceinline__ uint4 widen_scaled_e4m3x8(const uint2& v, float scale) {
+  return make_uint4(widen_scaled_e4m3x2(static_cast<uint16_t>(v.x), scale),
+                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.x >> 16), scale),
+                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.y), scale),
+                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.y >> 16), scale));
+}
+
 // 16 e4m3 values times `scale` as 16 bf16 values: the low 8 in `lo`, the high 8 in `hi`.
 __device__ __forceinline__ void widen_scaled_e4m3x16(const uint4& v, float scale, uint4& lo,
                                                      uint4& hi) {
-  lo.x = widen_scaled_e4m3x2(static_cast<uint16_t>(v.x), scale);
-  lo.y = widen_scaled_e4m3x2(static_cast<uint16_t>(v.x >> 16), scale);
-  lo.z = widen_scaled_e4m3x2(static_cast<uint16_t>(v.y), scale);
-  lo.w = widen_scaled_e4m3x2(static_cast<uint16_t>(v.y >> 16), scale);
-  hi.x = widen_scaled_e4m3x2(static_cast<uint16_t>(v.z), scale);
-  hi.y = widen_scaled_e4m3x2(static_cast<uint16_t>(v.z >> 16), scale);
-  hi.z = widen_scaled_e4m3x2(static_cast<uint16_t>(v.w), scale);
-  hi.w = widen_scaled_e4m3x2(static_cast<uint16_t>(v.w >> 16), scale);
+  lo = widen_scaled_e4m3x8(make_uint2(v.x, v.y), scale);
+  hi = widen_scaled_e4m3x8(make_uint2(v.z, v.w), scale);
 }
 
 }  // namespace mla::sm90::tma
