@@ -494,8 +494,15 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       // the running max and sum; consumer 1's row sums stay 0. ----
       for (int it = 0; it < num_blocks; ++it) {
         const int stage = it & 1;
-        const uint32_t phase = uses[stage] & 1;
-        ++uses[stage];
+        // NOTE: uses[] by constant indices only: indexed by `stage`, the array went to local
+        // memory, and consumer 0 waited on a load of it every block (docs/perf-notes.md, Change
+        // 92).
+        const uint32_t phase = (stage == 0 ? uses[0] : uses[1]) & 1;
+        if (stage == 0) {
+          ++uses[0];
+        } else {
+          ++uses[1];
+        }
         // The hand-off of block it, a barrier per stage: consumer 0 arrives on it again only after
         // scoring block it + 2, whose rope chunk the producer refills after consumer 1's release
         // of block it, which follows its sync here.
