@@ -604,7 +604,8 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   // of the same 128-byte lines finds them (B128 H128 fp8_ds_mla -1%); the unpaired gathers lost
   // 0.4 to 4% with that hint and keep theirs (docs/perf-notes.md, The register gathers' load
   // hints).
-  auto ld_row_8 = [](const void* a) { return ld_global_nc_8 < kPair, kPair ? 256 : 128 > (a); };
+  constexpr int kRowL2Bytes = kPair ? 256 : 128;
+  auto ld_row_8 = [](const void* a) { return ld_global_nc_8<kPair, kRowL2Bytes>(a); };
   auto ld_rope_16 = [](const void* a) {
     if constexpr (kPair) {
       return ld_global_nc_16_keep<128>(a);
