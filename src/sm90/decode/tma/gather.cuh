@@ -517,25 +517,25 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
 //   half the rows. No producer thread fences: the consumers fence after their waits.
 // - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, four a lane.
 
-// Lanes of a producer warp that write the block's entries into slot[] (units 0: their rows;
-// kPair, units 1: their rows' places in the other CTA's half): each arrives on chunk kSlotChunk's
-// full barrier itself, after its writes.
-template <bool kPair>
-inline constexpr uint32_t kSlotWriters = kPair ? 8 : 4;
+// Lanes of a producer warp that write the block's entries of their rows into slot[] (units 0;
+// kPair: into both CTAs', the other's by st.async): each arrives on chunk kSlotChunk's full
+// barrier itself, after its writes.
+inline constexpr uint32_t kSlotWriters = 4;
 // The chunk whose full barrier publishes the entries: the first one stored after both releases.
 inline constexpr int kSlotChunk = 4;
 
 // The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
 // warp (chunk kSlotChunk: one per slot writer of each warp; kPair: warp 0's first expects the
-// other CTA's 4 KB of the chunk, and those bytes); a stage is refilled once the consumer warps
-// (kPair: of both CTAs) have released it.
+// other CTA's 4 KB of the chunk, and chunk kSlotChunk's also the other CTA's 128 bytes of entries,
+// and those bytes); a stage is refilled once the consumer warps (kPair: of both CTAs) have
+// released it.
 template <typename Traits, bool kPair>
 __device__ __forceinline__ void init_gather_ahead_barriers(
     typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], c == kSlotChunk ? 4 * kSlotWriters<kPair> : 4);
+        mbar_init(&smem.full[s][c], c == kSlotChunk ? 4 * kSlotWriters : 4);
       }
       // This CTA's consumer threads, and (kPair) one arrive per consumer warp of the other CTA.
       mbar_init(&smem.empty_l[s], kGatherReleases + (kPair ? 4 : 0));
@@ -588,14 +588,17 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     row[k] = 32 * (kPair ? static_cast<int>(rank) : k >> 1) + 8 * warp + 4 * (k & 1) + (lane >> 3);
     off[k] = row[k] * 128 + ((unit ^ (row[k] & 7)) << 4);
   }
-  const bool own_writer = unit == 0;            // writes its rows' entries
-  const bool peer_writer = kPair && unit == 1;  // writes those of rows row[k] ^ 32
+  const bool slot_writer = unit == 0;  // writes its rows' entries (kPair: in both CTAs)
   const int num_blocks = w.block_end - w.block_begin;
   const GatherDims dims = gather_dims(p);
   auto phase_of = [&](int it) { return (((it & 1) == 0 ? used0 : used1) + (it >> 1)) & 1; };
   uint8_t* const k_local = reinterpret_cast<uint8_t*>(smem.k[0]);
   const uint32_t k_peer = kPair ? cluster_addr(smem.k[0], rank ^ 1) : 0;
   const uint32_t full_peer = kPair ? cluster_addr(&smem.full[0][0], rank ^ 1) : 0;
+  const uint32_t slot_peer = kPair ? cluster_addr(&smem.slot[0][0], rank ^ 1) : 0;
+  // The other CTA's bytes that complete a chunk's full barrier here (chunk kSlotChunk: and its
+  // rows' entries).
+  constexpr uint32_t kPeerSlotBytes = 32 * 4;
   const bool producer_fence = !kPair && p.consumer_fence == 0;
 
   // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
@@ -613,14 +616,11 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       return ld_global_nc_16(a);
     }
   };
-  // Block it's entries of this lane's rows (own) and, for the peer writers, of rows row[k] ^ 32.
-  auto block_entries = [&](int it, int(&own)[kRows], int(&peer)[kRows]) {
+  // Block it's entries of this lane's rows.
+  auto own_entries = [&](int it, int(&own)[kRows]) {
     const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) {
-      own[k] = it < num_blocks ? entry(key0 + row[k]) : -1;
-      peer[k] = peer_writer && it < num_blocks ? entry(key0 + (row[k] ^ 32)) : -1;
-    }
+    for (int k = 0; k < kRows; ++k) own[k] = it < num_blocks ? entry(key0 + row[k]) : -1;
   };
 
   uint2 left[kRows][4];   // chunks 0..3 of the next block's rows, as loaded
@@ -632,9 +632,25 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   auto load_left = [&](const int(&e)[kRows]) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const uint8_t* src = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) + 8 * unit : nullptr;
+      const uint8_t* base = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) : nullptr;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) left[k][c] = src != nullptr ? ld_row_8(src + 64 * c) : zero;
+      for (int c = 0; c < 4; ++c) {
+        left[k][c] = base != nullptr ? ld_row_8(base + 64 * c + 8 * unit) : zero;
+      }
+    }
+    // kPair: the rest of the rows (chunks 4..7, fp8_ds_mla's scales, the rope) into L2, half a
+    // block before load_right reads them. Every load shares one scoreboard, so the first use of
+    // any loaded value, at the next block's start, waits for load_right's loads issued just
+    // before it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels
+    // under Nsight Compute after Change 90).
+    // The lane of unit u asks for the line 256 + 128 (u % 4) bytes into row u / 4 of its two
+    // (fp8_ds_mla rows end at 656 bytes, per-tensor ones at L + R).
+    if constexpr (kPair) {
+      const int e_ask = (unit & 4) == 0 ? e[0] : e[1];
+      const int ask = 256 + 128 * (unit & 3);
+      if (e_ask >= 0 && (G::kDsMla || ask < p.kv_lora_rank + p.rope_dim)) {
+        prefetch_l2(row_at(p, slot_row16(p, e_ask, 1)) + ask);
+      }
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
@@ -680,9 +696,10 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   auto arrive = [&](int stage, int c) {
     if (producer_fence) fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0 || (c == kSlotChunk && (own_writer || peer_writer))) {
+    if (lane == 0 || (c == kSlotChunk && slot_writer)) {
       if (kPair && warp == 0 && lane == 0) {
-        mbar_arrive_expect_tx(&smem.full[stage][c], kPeerChunkBytes);
+        mbar_arrive_expect_tx(&smem.full[stage][c],
+                              kPeerChunkBytes + (c == kSlotChunk ? kPeerSlotBytes : 0));
       } else {
         mbar_arrive(&smem.full[stage][c]);
       }
@@ -690,18 +707,17 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   };
 
   int own[kRows], own_next[kRows], own_far[kRows];  // blocks it, it + 1, it + 2
-  int peer[kRows], peer_next[kRows], peer_far[kRows];
-  block_entries(0, own, peer);
+  own_entries(0, own);
   if (num_blocks > 0) {
     load_left(own);
     load_right(own);
   }
-  block_entries(1, own_next, peer_next);
+  own_entries(1, own_next);
 #pragma unroll 1
   for (int it = 0; it < num_blocks; ++it) {
     const int stage = it & 1;
     const uint32_t phase = phase_of(it);
-    block_entries(it + 2, own_far, peer_far);
+    own_entries(it + 2, own_far);
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -715,14 +731,20 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
     // The block's entries for the consumers (0 past the extent), from the slot writers, after
     // both releases (every consumer thread that read the stage's previous entries has arrived on
-    // one of them); each writer's own arrive on chunk kSlotChunk publishes its writes.
+    // one of them; kPair: every consumer warp of the other CTA too); each writer's own arrive on
+    // chunk kSlotChunk publishes its writes here, and (kPair) the other CTA's barrier of that
+    // chunk counts the copies sent there as bytes.
     {
       const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
       for (int k = 0; k < kRows; ++k) {
-        if (own_writer) smem.slot[stage][row[k]] = key0 + row[k] < w.extent ? own[k] : 0;
-        if (peer_writer) {
-          smem.slot[stage][row[k] ^ 32] = key0 + (row[k] ^ 32) < w.extent ? peer[k] : 0;
+        if (slot_writer) {
+          const int v = key0 + row[k] < w.extent ? own[k] : 0;
+          smem.slot[stage][row[k]] = v;
+          if constexpr (kPair) {
+            st_async_4(slot_peer + (stage * kKeys + row[k]) * 4, static_cast<uint32_t>(v),
+                       full_peer + (stage * Traits::kChunks + kSlotChunk) * 8);
+          }
         }
       }
     }
@@ -748,8 +770,6 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     for (int k = 0; k < kRows; ++k) {
       own[k] = own_next[k];
       own_next[k] = own_far[k];
-      peer[k] = peer_next[k];
-      peer_next[k] = peer_far[k];
     }
   }
 }

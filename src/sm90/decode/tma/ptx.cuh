@@ -165,6 +165,14 @@ __device__ __forceinline__ void st_async_16(uint32_t remote, const uint4& v, uin
       : "memory");
 }
 
+// The same for 4 bytes.
+__device__ __forceinline__ void st_async_4(uint32_t remote, uint32_t v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote),
+      "r"(v), "r"(remote_bar)
+      : "memory");
+}
+
 // ---- bulk tensor copy ----
 
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
