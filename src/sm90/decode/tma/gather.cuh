@@ -638,19 +638,16 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
         left[k][c] = base != nullptr ? ld_row_8(base + 64 * c + 8 * unit) : zero;
       }
     }
-    // kPair: the rest of the rows (chunks 4..7, fp8_ds_mla's scales, the rope) into L2, half a
-    // block before load_right reads them. Every load shares one scoreboard, so the first use of
+    // kPair, fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half
+    // a block before load_right reads them. Every load shares one scoreboard, so the first use of
     // any loaded value, at the next block's start, waits for load_right's loads issued just
     // before it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels
-    // under Nsight Compute after Change 90).
-    // The lane of unit u asks for the line 256 + 128 (u % 4) bytes into row u / 4 of its two
-    // (fp8_ds_mla rows end at 656 bytes, per-tensor ones at L + R).
-    if constexpr (kPair) {
+    // under Nsight Compute after Change 90). The lane of unit u asks for the line
+    // 256 + 128 (u % 4) bytes into row u / 4 of its two (the rows end at 656 bytes). Per-tensor
+    // rows (576 bytes) and the unpaired gathers measured no gain from it (Changes 93, 94).
+    if constexpr (kPair && G::kDsMla) {
       const int e_ask = (unit & 4) == 0 ? e[0] : e[1];
-      const int ask = 256 + 128 * (unit & 3);
-      if (e_ask >= 0 && (G::kDsMla || ask < p.kv_lora_rank + p.rope_dim)) {
-        prefetch_l2(row_at(p, slot_row16(p, e_ask, 1)) + ask);
-      }
+      if (e_ask >= 0) prefetch_l2(row_at(p, slot_row16(p, e_ask, 1)) + 256 + 128 * (unit & 3));
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
