@@ -601,8 +601,6 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   constexpr uint32_t kPeerSlotBytes = 32 * 4;
   const bool producer_fence = !kPair && p.consumer_fence == 0;
 
-  // Entry of key `key` of the token: the slot (-1: none), -1 past the extent.
-  auto entry = [&](int key) -> int { return key < w.extent ? __ldg(w.slots + key) : -1; };
   // The rows' pieces: a pair's producers (32 rows a CTA) keep them in L1, where a warp's next load
   // of the same 128-byte lines finds them (B128 H128 fp8_ds_mla -1%); the unpaired gathers lost
   // 0.4 to 4% with that hint and keep theirs (docs/perf-notes.md, The register gathers' load
@@ -616,11 +614,16 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       return ld_global_nc_16(a);
     }
   };
-  // Block it's entries of this lane's rows.
+  // Block it's entries of this lane's rows (-1 past the run), each by one predicated load: a
+  // select after the load would wait for it, and with it for every load in flight (one
+  // scoreboard).
   auto own_entries = [&](int it, int(&own)[kRows]) {
     const int key0 = (w.block_begin + it) * kKeys;
 #pragma unroll
-    for (int k = 0; k < kRows; ++k) own[k] = it < num_blocks ? entry(key0 + row[k]) : -1;
+    for (int k = 0; k < kRows; ++k) {
+      const int key = key0 + row[k];
+      own[k] = ld_global_nc_4_if(w.slots + key, it < num_blocks && key < w.extent, -1);
+    }
   };
 
   uint2 left[kRows][4];   // chunks 0..3 of the next block's rows, as loaded
@@ -714,7 +717,6 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   for (int it = 0; it < num_blocks; ++it) {
     const int stage = it & 1;
     const uint32_t phase = phase_of(it);
-    own_entries(it + 2, own_far);
     mbar_wait_suspend(&smem.empty_l[stage], phase ^ 1);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -725,6 +727,9 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       arrive(stage, c);
     }
     if (it + 1 < num_blocks) load_left(own_next);
+    // Block it + 2's entries, half a block before the rotation below first uses them (at the
+    // block's start, the first use of a loaded value would wait for them).
+    own_entries(it + 2, own_far);
     mbar_wait_suspend(&smem.empty_r[stage], phase ^ 1);
     // The block's entries for the consumers (0 past the extent), from the slot writers, after
     // both releases (every consumer thread that read the stage's previous entries has arrived on
@@ -762,12 +767,14 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       }
     }
     arrive(stage, kRopeChunk);
-    if (it + 1 < num_blocks) load_right(own_next);
+    // The rotation before load_right: its moves wait for the loads in flight, which are then the
+    // left parts and entries issued half a block ago, not load_right's.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       own[k] = own_next[k];
       own_next[k] = own_far[k];
     }
+    if (it + 1 < num_blocks) load_right(own);
   }
 }
 

@@ -230,6 +230,17 @@ __device__ __forceinline__ uint2 ld_global_nc_8(const void* p) {
   return v;
 }
 
+// The 4 bytes at `p` if `pred`, else `otherwise`: one predicated load into the result's register
+// (no select after it, so nothing waits for the load until the value is used).
+__device__ __forceinline__ int ld_global_nc_4_if(const int* p, bool pred, int otherwise) {
+  int v = otherwise;
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.b32 %0, [%1];\n}"
+               : "+r"(v)
+               : "l"(p), "r"(static_cast<int>(pred))
+               : "memory");
+  return v;
+}
+
 // Brings the line of `p` into L2.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
