@@ -123,6 +123,10 @@ struct DecodeKernelParams {
   // the same SASS (a member in the middle moved the others' offsets and ptxas paired their
   // constant loads differently in every kernel).
   int32_t consumer_fence = 0;
+  // kv_page_stride and kv_row_stride in 16-byte units, modulo 2^32 (the gathers that read them
+  // take only 16-byte strides and caches below 64 GB, so a row's offset in those units fits 32
+  // bits).
+  uint32_t kv_page16 = 0, kv_row16 = 0;
 };
 
 // NOTE: a member added anywhere but last moves every later member's offset, and ptxas then pairs

@@ -239,6 +239,11 @@ DecodeKernelParams kernel_params(const Problem& p, const DecodeParams& prm, uint
   k.lse_head = p.lse.head;
   k.kv_page_stride = p.kv_page_stride;
   k.kv_row_stride = p.kv_row_stride;
+  {
+    const int64_t kv_bytes = p.kv_dtype.bits / 8;
+    k.kv_page16 = static_cast<uint32_t>(p.kv_page_stride * kv_bytes / 16);
+    k.kv_row16 = static_cast<uint32_t>(p.kv_row_stride * kv_bytes / 16);
+  }
   k.block_table_stride = p.block_table_stride;
   k.bmm1_scale = prm.bmm1_scale;
   k.bmm2_scale = prm.bmm2_scale;

@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "registers the CTA holds at launch");
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kAhead) {
-    tma::init_gather_ahead_barriers<Traits, false>(smem);
+    tma::init_gather_ahead_barriers<Traits, KV, false>(smem);
   } else if constexpr (kDirectGather) {
     // Full barriers: one arrival per producer thread's copies of the chunk (kRowPitch: per row,
     // on chunk 0's alone); empty barriers: one per consumer thread.

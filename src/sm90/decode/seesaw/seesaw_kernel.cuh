@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kGatherPair) {
-    tma::init_gather_ahead_barriers<Traits, true>(smem);
+    tma::init_gather_ahead_barriers<Traits, KV, true>(smem);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {

@@ -517,25 +517,33 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
 //   half the rows. No producer thread fences: the consumers fence after their waits.
 // - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, four a lane.
 
-// Lanes of a producer warp that write the block's entries of their rows into slot[] (units 0;
-// kPair: into both CTAs', the other's by st.async): each arrives on chunk kSlotChunk's full
-// barrier itself, after its writes.
+// How the producer threads publish a chunk of gather_ahead_blocks:
+// - fp8_ds_mla (kEachArrives): every producer thread arrives on the chunk's full barrier after
+//   its own stores of the chunk (and, for chunk kSlotChunk, of its rows' entries): one arrive
+//   instruction a warp, no branch, and each thread's arrive publishes its own writes (B128 H128
+//   -3.1%, Changes 97 and 98).
+// - per-tensor e4m3: lane 0 of each warp arrives after the warp's sync, and for chunk kSlotChunk
+//   also the slot writers (every thread's arrive measured 1.4 to 5.1% slower there).
+template <Elem KV>
+inline constexpr bool kEachArrives = GatherFormat<KV>::kDsMla;
+// Lanes of a producer warp that write the block's entries of their rows (units 0).
 inline constexpr uint32_t kSlotWriters = 4;
 // The chunk whose full barrier publishes the entries: the first one stored after both releases.
 inline constexpr int kSlotChunk = 4;
 
-// The ring barriers of gather_ahead_blocks: full[s][c] completes on one arrive per local producer
-// warp (chunk kSlotChunk: one per slot writer of each warp; kPair: warp 0's first expects the
-// other CTA's 4 KB of the chunk, and chunk kSlotChunk's also the other CTA's 128 bytes of entries,
-// and those bytes); a stage is refilled once the consumer warps (kPair: of both CTAs) have
-// released it.
-template <typename Traits, bool kPair>
+// The ring barriers of gather_ahead_blocks: full[s][c] completes on its local arrivals (above;
+// kPair: the first arrival also expects the other CTA's 4 KB of the chunk, and chunk
+// kSlotChunk's the other CTA's 128 bytes of entries too, and those bytes); a stage is refilled
+// once the consumer warps (kPair: of both CTAs) have released it.
+template <typename Traits, Elem KV, bool kPair>
 __device__ __forceinline__ void init_gather_ahead_barriers(
     typename Traits::SharedMemoryPlan& smem) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], c == kSlotChunk ? 4 * kSlotWriters : 4);
+        mbar_init(&smem.full[s][c], kEachArrives<KV>  ? 128
+                                    : c == kSlotChunk ? 4 * kSlotWriters
+                                                      : 4);
       }
       // This CTA's consumer threads, and (kPair) one arrive per consumer warp of the other CTA.
       mbar_init(&smem.empty_l[s], kGatherReleases + (kPair ? 4 : 0));
@@ -632,10 +640,17 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   uint4 rope[kRows];      // fp8_ds_mla: bf16 unit `unit` of the rope
   float4 scale[kRows];    // fp8_ds_mla: the rows' group scales
   const uint2 zero = make_uint2(0u, 0u);
+  // A slot's row in 16-byte units (slot_row16's value) in 32-bit arithmetic, from the strides
+  // in those units: a quarter of slot_row16's instructions (no 64-bit products).
+  auto row16_of = [&](int slot) {
+    const uint32_t u = static_cast<uint32_t>(slot);
+    return (u >> p.page_shift) * p.kv_page16 +
+           (u & static_cast<uint32_t>(p.page_size - 1)) * p.kv_row16;
+  };
   auto load_left = [&](const int(&e)[kRows]) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const uint8_t* base = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) : nullptr;
+      const uint8_t* base = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         left[k][c] = base != nullptr ? ld_row_8(base + 64 * c + 8 * unit) : zero;
@@ -650,28 +665,26 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     // rows (576 bytes) and the unpaired gathers measured no gain from it (Changes 93, 94).
     if constexpr (kPair && G::kDsMla) {
       const int e_ask = (unit & 4) == 0 ? e[0] : e[1];
-      if (e_ask >= 0) prefetch_l2(row_at(p, slot_row16(p, e_ask, 1)) + 256 + 128 * (unit & 3));
+      if (e_ask >= 0) prefetch_l2(row_at(p, row16_of(e_ask)) + 256 + 128 * (unit & 3));
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const uint8_t* base = e[k] >= 0 ? row_at(p, slot_row16(p, e[k], 1)) : nullptr;
+      const uint8_t* base = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
+      const bool ok = base != nullptr;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        right[k][c] =
-            base != nullptr && dims.upper ? ld_row_8(base + 64 * (c + 4) + 8 * unit) : zero;
+        right[k][c] = ok && dims.upper ? ld_row_8(base + 64 * (c + 4) + 8 * unit) : zero;
       }
       if constexpr (G::kDsMla) {
         // The row's four group scales, loaded with chunks 4..7: the previous block's chunks
         // 4..7, the last to use the previous scales, are stored by then.
-        scale[k] = base != nullptr
-                       ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
-                       : make_float4(0.f, 0.f, 0.f, 0.f);
-        rope[k] = base != nullptr ? ld_rope_16(base + kDsMlaRopeOffset + 16 * unit)
-                                  : make_uint4(0u, 0u, 0u, 0u);
+        scale[k] = ok ? __ldg(reinterpret_cast<const float4*>(base + kDsMlaScaleOffset))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+        rope[k] = ok ? ld_rope_16(base + kDsMlaRopeOffset + 16 * unit) : make_uint4(0u, 0u, 0u, 0u);
       } else {
-        rope8[k] = base != nullptr && dims.rope ? ld_row_8(base + dims.rope_col + 8 * unit) : zero;
+        rope8[k] = ok && dims.rope ? ld_row_8(base + dims.rope_col + 8 * unit) : zero;
       }
     }
   };
@@ -689,19 +702,24 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       put(stage, c, k, widen_e4m3x8<T16>(v));
     }
   };
-  // This warp's rows of chunk c are stored: the chunk's full barrier gets the warp's arrive from
-  // lane 0 (after the warp's sync, which orders every lane's stores before it), chunk
-  // kSlotChunk's also from the other slot writers (kPair: warp 0's lane 0 carries the other CTA's
-  // bytes).
+  // This thread's units of chunk c are stored. kEachArrives: it arrives on the chunk's full
+  // barrier (kPair: thread 0 with the other CTA's bytes of the chunk as expected bytes, 0 for the
+  // others); else the warp's lane 0 arrives after the warp's sync (which orders every lane's
+  // stores before it), chunk kSlotChunk's slot writers too (kPair: warp 0's lane 0 carries the
+  // other CTA's bytes).
   auto arrive = [&](int stage, int c) {
     if (producer_fence) fence_proxy_async_smem();
-    __syncwarp();
-    if (lane == 0 || (c == kSlotChunk && slot_writer)) {
-      if (kPair && warp == 0 && lane == 0) {
-        mbar_arrive_expect_tx(&smem.full[stage][c],
-                              kPeerChunkBytes + (c == kSlotChunk ? kPeerSlotBytes : 0));
-      } else {
-        mbar_arrive(&smem.full[stage][c]);
+    const uint32_t tx = kPeerChunkBytes + (c == kSlotChunk ? kPeerSlotBytes : 0u);
+    if constexpr (kEachArrives<KV>) {
+      mbar_arrive_expect_tx(&smem.full[stage][c], kPair && tid == 0 ? tx : 0u);
+    } else {
+      __syncwarp();
+      if (lane == 0 || (c == kSlotChunk && slot_writer)) {
+        if (kPair && tid == 0) {
+          mbar_arrive_expect_tx(&smem.full[stage][c], tx);
+        } else {
+          mbar_arrive(&smem.full[stage][c]);
+        }
       }
     }
   };

@@ -43,13 +43,26 @@ __device__ __forceinline__ uint32_t widen_e4m3x2_half_of(uint32_t word) {
   return y;
 }
 
+// The e4m3 pair in half `kHigh` of `word` as two values of T (widen_e4m3x2<T> of that half),
+// read through the cvt's half selector: no shift for the high half.
+template <typename T, bool kHigh>
+__device__ __forceinline__ uint32_t widen_e4m3x2_of(uint32_t word) {
+  const uint32_t h = widen_e4m3x2_half_of<kHigh>(word);
+  if constexpr (std::is_same_v<T, __half>) {
+    return h;
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "16-bit element types");
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
 // 8 e4m3 values (`v.x` holds the first four) as 8 values of T.
 template <typename T>
 __device__ __forceinline__ uint4 widen_e4m3x8(const uint2& v) {
-  return make_uint4(widen_e4m3x2<T>(static_cast<uint16_t>(v.x)),
-                    widen_e4m3x2<T>(static_cast<uint16_t>(v.x >> 16)),
-                    widen_e4m3x2<T>(static_cast<uint16_t>(v.y)),
-                    widen_e4m3x2<T>(static_cast<uint16_t>(v.y >> 16)));
+  return make_uint4(widen_e4m3x2_of<T, false>(v.x), widen_e4m3x2_of<T, true>(v.x),
+                    widen_e4m3x2_of<T, false>(v.y), widen_e4m3x2_of<T, true>(v.y));
 }
 
 // 16 e4m3 values as 16 values of T: the low 8 in `lo`, the high 8 in `hi`.
@@ -69,12 +82,22 @@ __device__ __forceinline__ uint32_t widen_scaled_e4m3x2(uint16_t two, float scal
   return word;
 }
 
+// widen_scaled_e4m3x2 of the pair in half `kHigh` of `word`, read through the cvt's half
+// selector (no shift for the high half).
+template <bool kHigh>
+__device__ __forceinline__ uint32_t widen_scaled_e4m3x2_of(uint32_t word, float scale) {
+  const uint32_t h = widen_e4m3x2_half_of<kHigh>(word);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(f.y * scale), "f"(f.x * scale));
+  return out;
+}
+
 // 8 e4m3 values (`v.x` holds the first four) times `scale` as 8 bf16 values.
 __device__ __forceinline__ uint4 widen_scaled_e4m3x8(const uint2& v, float scale) {
-  return make_uint4(widen_scaled_e4m3x2(static_cast<uint16_t>(v.x), scale),
-                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.x >> 16), scale),
-                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.y), scale),
-                    widen_scaled_e4m3x2(static_cast<uint16_t>(v.y >> 16), scale));
+  return make_uint4(
+      widen_scaled_e4m3x2_of<false>(v.x, scale), widen_scaled_e4m3x2_of<true>(v.x, scale),
+      widen_scaled_e4m3x2_of<false>(v.y, scale), widen_scaled_e4m3x2_of<true>(v.y, scale));
 }
 
 // 16 e4m3 values times `scale` as 16 bf16 values: the low 8 in `lo`, the high 8 in `hi`.
