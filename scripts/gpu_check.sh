@@ -139,6 +139,9 @@ if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Fp8Direct/*:Sm90SparseNaN.*}||")
   # The seesaw kernel's CTAs walking several tokens (CTest's RowsForced: three token rows).
   groups+=("sparserows|sm90_sparse_test|Formats/*:Lens/*:Ordered/*|MLA_SM90_SPARSE_ROWS=3|")
+  # Every token's tiles unpaired (CTest's Unpaired): 128 heads over e4m3 rows on the unpaired
+  # gathers.
+  groups+=("sparseunpaired|sm90_sparse_test|Formats/*:Ordered/*|MLA_SM90_PAIR=0|")
 fi
 tools=${MLA_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 # One (tool, group) process; its rc goes to LOG.rc.

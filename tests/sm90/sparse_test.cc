@@ -292,11 +292,14 @@ std::vector<SparseCase> head_cases() {
   return cases;
 }
 
-// Every (query, kv_cache) pair of the fast path on both kernels (H 16: few-rows, H 128: seesaw).
+// Every (query, kv_cache) pair of the fast path on both kernels (H 16: few-rows, H 128: seesaw,
+// paired over e4m3 rows; H 64: seesaw, one tile a token, unpaired).
 std::vector<SparseCase> format_cases() {
   std::vector<SparseCase> cases;
   const int page_sizes[] = {16, 64, 1};
-  for (Format f : {Format::kBf16, Format::kFp16, Format::kBf16Fp8, Format::kFp8, Format::kDsMla}) {
+  const Format formats[] = {Format::kBf16, Format::kFp16, Format::kBf16Fp8, Format::kFp8,
+                            Format::kDsMla};
+  for (Format f : formats) {
     for (int H : {16, 128}) {
       SparseCase s = with_format(sparse(2, H, 2, 192, {700, 150}, page_sizes[cases.size() % 3]), f);
       if (f != Format::kFp16 && cases.size() % 4 == 1) s.c.out_dtype = kFp16;
@@ -304,6 +307,13 @@ std::vector<SparseCase> format_cases() {
       s.c.seed = 5500 + cases.size();
       cases.push_back(s);
     }
+  }
+  for (Format f : formats) {
+    const int i = static_cast<int>(cases.size());
+    SparseCase s = with_format(sparse(2, 64, 2, 256, {900, 200}, page_sizes[i % 3]), f);
+    s.c.topk_lens = i % 2 == 0 ? TopkLens::kPerToken : TopkLens::kNone;
+    s.c.seed = 5500 + i;
+    cases.push_back(s);
   }
   return cases;
 }

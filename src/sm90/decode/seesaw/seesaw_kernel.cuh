@@ -109,6 +109,11 @@ template <Elem Q, Elem KV, bool kSparse>
 inline constexpr Elem kSeesawCompute =
     kScaledSeesawQuery<Q, KV, kSparse> ? Elem::kFp16 : tma::Formats<Q, KV>::kCompute;
 
+// The fewest blocks a split of an unpaired sparse call over fp8_ds_mla rows has for its rows to be
+// loaded a block ahead (kAheadUnpaired): B128 H64, one split of 32 blocks, -8%; B16 H64, eight
+// splits of 4, +11% (docs/perf-notes.md, Change 99).
+inline constexpr int kAheadMinBlocks = 16;
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads, a bf16
 // query over it scaled into fp16 (kScaledSeesawQuery).
@@ -120,8 +125,10 @@ inline constexpr Elem kSeesawCompute =
 // (tma::SparseCursor); else one token per CTA (tma::SparseTokenCursor).
 // kEvictFirst: the balanced schedule's cache boxes carry the evict-first L2 policy the direct
 // split's always carry (16-bit caches, unpaired, uncleaned: the route's evict_first).
+// kShortSplits (kSparse, unpaired fp8_ds_mla rows): splits of fewer than kAheadMinBlocks blocks,
+// gathered on the landing path (kAheadUnpaired below).
 template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false,
-          bool kTokenRows = false, bool kEvictFirst = false>
+          bool kTokenRows = false, bool kEvictFirst = false, bool kShortSplits = false>
 __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
     seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
                   const __grid_constant__ CUtensorMap kv_map,
@@ -142,6 +149,17 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
   // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_ahead_blocks).
   constexpr bool kGatherPair = kGather && kPair;
+  // An unpaired sparse call over fp8_ds_mla rows, a token a CTA row (64 heads or fewer a token, or
+  // pairs not resident), of long splits: the producer loads each block's 64 rows one block ahead
+  // into registers (tma::gather_ahead_blocks, 136 registers), consumer 0 keeps 208 and consumer 1,
+  // which only applies P V_R, runs its own copy of the loop at 160 (kSplitConsumers). Splits of
+  // few blocks (kShortSplits) keep the landing path, which starts a split sooner.
+  constexpr bool kAheadUnpaired =
+      kSparse && !kPair && !kTokenRows && !kShortSplits && KV == Elem::kFp8DsMla;
+  constexpr bool kGatherAhead = kGatherPair || kAheadUnpaired;
+  constexpr bool kSplitConsumers = kAheadUnpaired;
+  // The consumers' named barriers: reached from two copies of their loop where kSplitConsumers.
+  constexpr bool kAlignedBars = !kSplitConsumers;
   static_assert(!kGatherPair || (kSparse && tma::GatherFormat<KV>::kE4m3),
                 "gathered blocks run paired only on sparse calls over e4m3 rows");
   // The producer warpgroup's registers: 56 where it widens or gathers, 88 where it holds a block
@@ -174,8 +192,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     if (threadIdx.x == 0) mbar_init(&smem.q_full, 1);
   }
   const int issuers = tma::producer_issuers<Traits>(p);
-  if constexpr (kGatherPair) {
-    tma::init_gather_ahead_barriers<Traits, KV, true>(smem);
+  if constexpr (kGatherAhead) {
+    tma::init_gather_ahead_barriers<Traits, KV, kPair>(smem);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
@@ -192,14 +210,18 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   if (wg == 0) {
     // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
-    tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kProducer>();
-    if constexpr (kGatherPair) {
+    if constexpr (kAheadUnpaired) {
+      tma::regs_dealloc<136>();
+    } else {
+      tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kProducer>();
+    }
+    if constexpr (kGatherAhead) {
       uint32_t used0, used1;
       tma::walk_segments<Cursor>(
           p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-            tma::gather_ahead_blocks<Traits, KV, true>(p, w, smem, threadIdx.x, u0, u1, rank);
+            tma::gather_ahead_blocks<Traits, KV, kPair>(p, w, smem, threadIdx.x, u0, u1, rank);
           });
-      tma::drain_pair_ring<Traits>(smem, used0, used1);
+      if constexpr (kPair) tma::drain_pair_ring<Traits>(smem, used0, used1);
       return;
     } else if constexpr (kGather) {
       uint32_t used0, used1;
@@ -244,492 +266,325 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
 
   // ---- consumer warpgroups ----
-  tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kConsumer>();
-  const int cw = wg - 1;                    // consumer index: its block parity and O half
-  const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
-  const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
-  const int lane = threadIdx.x & 31;
-  // This warpgroup alone (128 threads), before a 256-thread barrier that hands its shared-memory
-  // stores to the other warpgroup.
-  auto sync_local = [cw] {
-    named_barrier_sync(barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond),
-                       128);
-  };
-  // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
-  if constexpr (kDirect) {
-    tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, F::kQueryBytes>(
-        p, 0, blockIdx.x * kRows, ctid);
-  }
-
-  typename Traits::TiledMmaQk mma_qk;
-  typename Traits::TiledMmaPv mma_pv;
-  typename Traits::TiledMmaPvRs mma_pv_own;
-  auto thr_qk = mma_qk.get_thread_slice(wtid);
-  auto thr_pv = mma_pv.get_thread_slice(wtid);
-  auto thr_pv_own = mma_pv_own.get_thread_slice(wtid);
-
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
-
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<Traits::kColsPerWg>>{});
-  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
-  Tensor tOcO =
-      thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
-  // P of this consumer's own block in 16 bits, the A operand of its own P V (read from registers,
-  // not from the rope chunk the other consumer reads it from).
-  Tensor tOrPown = thr_pv_own.partition_fragment_A(make_tensor(
-      make_smem_ptr(smem.k[0] + Traits::kRopeChunkOffset), typename Traits::SmemLayoutP{}));
-  Tensor tOrPown32 = recast<uint32_t>(tOrPown);
-  static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128 &&
-                    size(decltype(tOrPown){}) == 32,
-                "GMMA fragments");
-
-  // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
-  int my_row[2];
-  my_row[0] = get<0>(tScS(0));
-  my_row[1] = get<0>(tScS(2));
-  const float bmm1_scale = bmm1_scale_of(p);
-  const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
-
-  uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
-  // A one-segment request's out rows leave the query tile's bytes by bulk copies that threads
-  // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
-  bool out_copies_pending = false;
-  const bool query_tma = kQueryTma && p.query_tma != 0;
-  uint32_t q_phase = 0;  // q_full's phase: one per query tile loaded through the tensor map
-  if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
-  Cursor cursor;
-  cursor.begin(p);
-  // The balanced schedule: the part's first query tile, asked of L2 before the cursor's record and
-  // seq_lens reads.
-  if constexpr (std::is_same_v<Cursor, tma::PartCursor>) {
-    cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, F::kQueryBytes>(p, ctid);
-  }
-  tma::TileWork w;
-  int64_t partial_row0;
-  while (cursor.next(p, w, partial_row0)) {
-    const int tile_rows = min(kRows, w.rows - w.row0);
-    if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
-      tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
-      continue;
+  // kRole: the consumer this copy of the loop runs (kSplitConsumers), -1 for either (cw from wg).
+  auto consumers = [&p, &smem, &q_map, wg, rank](auto role) {
+    constexpr int kRole = decltype(role)::value;
+    const int cw = kRole >= 0 ? kRole : wg - 1;  // consumer index: its block parity and O half
+    const int ctid = threadIdx.x - 128;          // 0..255 over both consumers
+    const int wtid = threadIdx.x - 128 * wg;     // 0..127 within the warpgroup
+    const int lane = threadIdx.x & 31;
+    // This warpgroup alone (128 threads), before a 256-thread barrier that hands its shared-memory
+    // stores to the other warpgroup.
+    auto sync_local = [cw] {
+      named_barrier_sync<kAlignedBars>(
+          barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
+    };
+    // The direct split's query tile, asked of L2 before the cursor's seq_lens read.
+    if constexpr (kDirect) {
+      tma::prefetch_query_rows<kRows, Traits::kConsumerThreads, F::kQueryBytes>(
+          p, 0, blockIdx.x * kRows, ctid);
     }
 
-    // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
-    // both consumers passed its final barrier. While the loads are in flight, a one-segment
-    // request's rows find their places in out and lse, so that its end is short.
-    if (query_tma) {
-      if constexpr (kQueryTma) {
-        // The tile's bytes are free once the previous segment's staged out rows have been read
-        // (its GEMMs are complete): the bulk copies waited for here, the 16-byte stores (and
-        // every thread's staging stores, fenced for the boxes' writes) behind the barrier.
-        if (out_copies_pending) {
-          if (ctid < kRows) tma_store_wait<0>();
-          out_copies_pending = false;
-        }
-        fence_proxy_async_smem();
-        sync_local();
-        named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-        if (ctid == 0) {
-          // Heads h0 .. h0 + 63 of token i (H a multiple of 64), or every head of tokens i ..
-          // i + 64 / H - 1 (h0 = 0; H divides 64).
-          const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
-          const bool ragged = p.cum_seq_lens_q != nullptr;
-          mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * Traits::kStageElemBytes);
-#pragma unroll
-          for (int c = 0; c < Traits::kChunks; ++c) {
-            tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,
-                             c * Traits::kChunkCols, h0, ragged ? w.token0 + i : i,
-                             ragged ? 0 : w.b);
-          }
-        }
-        if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
-        mbar_wait(&smem.q_full, q_phase);
-        q_phase ^= 1;
+    typename Traits::TiledMmaQk mma_qk;
+    typename Traits::TiledMmaPv mma_pv;
+    typename Traits::TiledMmaPvRs mma_pv_own;
+    auto thr_qk = mma_qk.get_thread_slice(wtid);
+    auto thr_pv = mma_pv.get_thread_slice(wtid);
+    auto thr_pv_own = mma_pv_own.get_thread_slice(wtid);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q), typename Traits::SmemLayoutQ{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, 1, 36) descriptors
+
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<Traits::kColsPerWg>>{});
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
+    Tensor tOcO =
+        thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<Traits::kColsPerWg>>{}));
+    // P of this consumer's own block in 16 bits, the A operand of its own P V (read from registers,
+    // not from the rope chunk the other consumer reads it from).
+    Tensor tOrPown = thr_pv_own.partition_fragment_A(make_tensor(
+        make_smem_ptr(smem.k[0] + Traits::kRopeChunkOffset), typename Traits::SmemLayoutP{}));
+    Tensor tOrPown32 = recast<uint32_t>(tOrPown);
+    static_assert(size(decltype(tSrS){}) == 32 && size(decltype(tOrO){}) == 128 &&
+                      size(decltype(tOrPown){}) == 32,
+                  "GMMA fragments");
+
+    // Each thread holds two rows of S and O: slot 0 = tScS(0)'s row, slot 1 = 8 rows below.
+    int my_row[2];
+    my_row[0] = get<0>(tScS(0));
+    my_row[1] = get<0>(tScS(2));
+    const float bmm1_scale = bmm1_scale_of(p);
+    const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
+
+    uint32_t uses[Traits::kStages] = {};  // blocks each stage has held (its barriers' phase)
+    // A one-segment request's out rows leave the query tile's bytes by bulk copies that threads
+    // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
+    bool out_copies_pending = false;
+    const bool query_tma = kQueryTma && p.query_tma != 0;
+    uint32_t q_phase = 0;  // q_full's phase: one per query tile loaded through the tensor map
+    if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
+    Cursor cursor;
+    cursor.begin(p);
+    // The balanced schedule: the part's first query tile, asked of L2 before the cursor's record
+    // and seq_lens reads.
+    if constexpr (std::is_same_v<Cursor, tma::PartCursor>) {
+      cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, F::kQueryBytes>(p,
+                                                                                            ctid);
+    }
+    tma::TileWork w;
+    int64_t partial_row0;
+    while (cursor.next(p, w, partial_row0)) {
+      const int tile_rows = min(kRows, w.rows - w.row0);
+      if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
+        tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
+        continue;
       }
-      // NOTE: set_out_row's stores reach both warpgroups (consumer 0's first warps write them):
-      // the writers sync themselves first, as at store_rows' hand-offs.
-      sync_local();
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    } else {
-      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
-                                std::conditional_t<F::kFp8Query, __half, void>, false,
-                                kScaledQuery>(
-          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-          [&] {
-            // The row pointers (and kScaledQuery's row maxima) are stored by consumer 0's first
-            // warps and read by both warpgroups: each syncs itself first, as at store_rows' hand-
-            // offs (racecheck, docs/sm90-seesaw.md, Sanitizers).
-            sync_local();
-            named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-          },
-          [&] {
-            if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
-            if (out_copies_pending) {
-              if (ctid < kRows) tma_store_wait<0>();
-              named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-              out_copies_pending = false;
-            }
-          },
-          smem.query_max, smem.query_unscale);
-      fence_proxy_async_smem();
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    }
-    clear(tOrO);
-    // NOTE: without this fence the direct split's instantiation serializes every wgmma (C7515):
-    // the compiler knows O is zero across the first P V.
-    warpgroup_fence_operand(tOrO);
 
-    tma::RowRule rule[2];
-    bool row_valid[2];
+      // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
+      // both consumers passed its final barrier. While the loads are in flight, a one-segment
+      // request's rows find their places in out and lse, so that its end is short.
+      if (query_tma) {
+        if constexpr (kQueryTma) {
+          // The tile's bytes are free once the previous segment's staged out rows have been read
+          // (its GEMMs are complete): the bulk copies waited for here, the 16-byte stores (and
+          // every thread's staging stores, fenced for the boxes' writes) behind the barrier.
+          if (out_copies_pending) {
+            if (ctid < kRows) tma_store_wait<0>();
+            out_copies_pending = false;
+          }
+          fence_proxy_async_smem();
+          sync_local();
+          named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                           Traits::kConsumerThreads);
+          if (ctid == 0) {
+            // Heads h0 .. h0 + 63 of token i (H a multiple of 64), or every head of tokens i ..
+            // i + 64 / H - 1 (h0 = 0; H divides 64).
+            const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
+            const bool ragged = p.cum_seq_lens_q != nullptr;
+            mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * Traits::kStageElemBytes);
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const int r = my_row[s];
-      row_valid[s] = r < tile_rows;
-      const int i = (w.row0 + r) / p.num_heads;  // token of the row
-      rule[s].first_query = w.seq_len - w.n;
-      rule[s].mask = nullptr;
-      if (!row_valid[s]) {
-        rule[s].limit = 0;
-      } else if (kSparse) {
-        rule[s].limit = w.extent;  // the token's counted entries
-      } else if (p.mask != nullptr) {
-        rule[s].limit = w.seq_len;
-        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-        rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+            for (int c = 0; c < Traits::kChunks; ++c) {
+              tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,
+                               c * Traits::kChunkCols, h0, ragged ? w.token0 + i : i,
+                               ragged ? 0 : w.b);
+            }
+          }
+          if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+          mbar_wait(&smem.q_full, q_phase);
+          q_phase ^= 1;
+        }
+        // NOTE: set_out_row's stores reach both warpgroups (consumer 0's first warps write them):
+        // the writers sync themselves first, as at store_rows' hand-offs.
+        sync_local();
+        named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                         Traits::kConsumerThreads);
       } else {
-        rule[s].limit = max(0, w.seq_len - w.n + i + 1);
-      }
-    }
-    // Blocks that end at or below this key take the softmax without per-score mask and scale.
-    // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and their
-    // O, max and sum are never stored; counting them (limit 0) put every block of a warp with a
-    // padding row on the masked path (H96: +30%, docs/sm90-seesaw.md, Softmax).
-    // The first key some row of the tile does not attend (its first token's limit; with a mask,
-    // the first draft key) bounds it too: blocks past it take the masked path in every thread, and
-    // their V rows from it on are cleaned (tma::clean_v_rows).
-    // NOTE: without kClean the code below is exactly what it was before cleaning existed: its
-    // mere presence cost the hot shapes 1-2% (docs/sm90-seesaw.md, Non-finite inputs).
-    const int tile_limit =
-        max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
-    int unmasked_limit =
-        min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
-    if constexpr (kClean) unmasked_limit = min(unmasked_limit, tile_limit);
-
-    // Skip-softmax threshold f / seq_len (sparse: the token's counted entries).
-    const int skip_len = kSparse ? w.extent : w.seq_len;
-    const bool skip_softmax = p.skip_softmax_factor > 0.0f && skip_len > 0;
-    const float skip_threshold =
-        skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len)) : 0.0f;
-
-    float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
-    float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
-
-    // O half += P V half of the block in `stage` (P in its rope chunk); issued, not waited for.
-    auto pv_gemm = [&](int stage) {
-      Tensor sP = make_tensor(make_smem_ptr(smem.k[stage] + Traits::kRopeChunkOffset),
-                              typename Traits::SmemLayoutP{});
-      Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
-      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
-      Tensor sV_half =
-          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
-      Tensor tOrV = thr_pv.partition_fragment_B(sV_half);
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tOrP); ++k)
-        cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
-      warpgroup_commit_batch();
-    };
-    // The same for this consumer's own block, P from tOrPown.
-    // NOTE: one generic lambda for both (the MMA, slice and A fragments as arguments) took the
-    // descriptors out of uniform registers: 16 more R2UR in the round loop (2,054 -> 2,070).
-    auto pv_gemm_own = [&](int stage) {
-      Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
-      Tensor sV_half =
-          local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
-      Tensor tOrV = thr_pv_own.partition_fragment_B(sV_half);
-      warpgroup_fence_operand(tOrO);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int k = 0; k < size<2>(tOrPown); ++k)
-        cute::gemm(mma_pv_own, tOrPown(_, _, k), tOrV(_, _, k), tOrO);
-      warpgroup_commit_batch();
-    };
-    // This thread's share of its own block's sum of P (in tSrS, fp32) into row_sum.
-    auto add_row_sums = [&] {
-      CUTE_UNROLL
-      for (int v = 0; v < size(tSrS); ++v) row_sum[(v >> 1) & 1] += tSrS(v);
-    };
-    auto rescale_o = [&](const float(&factor)[2]) {
-      // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp whose
-      // rows all kept their max skips the 128 multiplies.
-      if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
-    };
-    // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L for
-    // consumer 0; V_R and P for consumer 1) are done.
-    // NOTE: elect.sync, not lane == 0: ptxas re-read the thread index (S2R) before each arrive.
-    // kPair: the other CTA's producer refills this stage too (multicast): it gets the arrive too.
-    // kGather: every thread arrives on its own CTA's barrier (tma::kGatherReleases), so that its
-    // reads of the block's entries are ordered before the producer's next ones by its own arrive.
-    auto release = [&](int stage) {
-      uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
-      if constexpr (kGather) mbar_arrive(bar);
-      __syncwarp();
-      if (cute::elect_one_sync()) {
-        if constexpr (!kGather) mbar_arrive(bar);
-        if constexpr (kPair) tma::mbar_arrive_cluster(bar, rank ^ 1);
-      }
-    };
-
-    const int num_blocks = w.block_end - w.block_begin;
-    if constexpr (kSparse) {
-      // ---- sparse calls: one block at a time. Consumer 0 computes the block's S, its softmax and
-      // O_L += P V_L (P from registers); consumer 1 takes P from the block's rope chunk and applies
-      // O_R = a O_R + P V_R while consumer 0 scores the next block. A stage goes back once its
-      // block's P V halves are done, so the producer fills one stage for a whole block's time
-      // while the other is consumed (docs/sm90-sparse.md, One block at a time). Consumer 0 holds
-      // the running max and sum; consumer 1's row sums stay 0. ----
-      for (int it = 0; it < num_blocks; ++it) {
-        const int stage = it & 1;
-        // NOTE: uses[] by constant indices only: indexed by `stage`, the array went to local
-        // memory, and consumer 0 waited on a load of it every block (docs/perf-notes.md, Change
-        // 92).
-        const uint32_t phase = (stage == 0 ? uses[0] : uses[1]) & 1;
-        if (stage == 0) {
-          ++uses[0];
-        } else {
-          ++uses[1];
-        }
-        // The hand-off of block it, a barrier per stage: consumer 0 arrives on it again only after
-        // scoring block it + 2, whose rope chunk the producer refills after consumer 1's release
-        // of block it, which follows its sync here.
-        const uint32_t hand_off =
-            barrier_id(stage == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst);
-        T* k_stage = smem.k[stage];
-        if (cw == 1) {
-          named_barrier_sync(hand_off, Traits::kConsumerThreads);
-          float a[2];
-#pragma unroll
-          for (int s = 0; s < 2; ++s) a[s] = smem.scale[stage][0][my_row[s]];
-          rescale_o(a);
-          pv_gemm(stage);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          release(stage);
-          continue;
-        }
-        // ---- S = Q K^T over the whole block, each chunk issued as it lands ----
-        {
-          Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
-          Tensor tSrK = thr_qk.partition_fragment_B(sK);
-          // kGatherPair: the producers publish their stores without a proxy fence; this
-          // consumer fences after each chunk's wait, which also orders consumer 1's reads of the
-          // block behind the hand-off (tma::gather_ahead_blocks).
-          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase,
-                                    tma::NoHook{}, kGatherPair);
-        }
-        // ---- mask (keys whose entry is -1, slot[stage]); row max over the block (base 2) ----
-        // NOTE: the dense rounds' softmax below, without their mask tensor, draft cleaning and
-        // zeroed rows: kept as a copy so that the dense instantiations' SASS stays what it was (a
-        // lambda shared with the rounds once took their GMMA descriptors out of uniform registers).
-        const int key0 = (w.block_begin + it) * kKeys;
-        const uint64_t absent =
-            (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[stage][lane + 32] < 0))
-             << 32) |
-            __ballot_sync(0xffffffffu, smem.slot[stage][lane] < 0);
-        const bool unmasked = score_scale > 0.0f && key0 + kKeys <= unmasked_limit && absent == 0;
-        float row_scale[2], s_mul[2];
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          row_scale[s] = kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
-          s_mul[s] = unmasked ? row_scale[s] : 1.0f;
-        }
-        float block_max[2] = {kNegInf, kNegInf};
-        bool neg_inf[2] = {false, false};  // an attended score of -inf: the row turns NaN
-        if (unmasked) {
-          float abs_max = 0.0f;
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) {
-            block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
-            abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
-          }
-          if (abs_max == kInf) {
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) {
-              neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
-            }
-          }
-        } else {
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) {
-            const int slot = (v >> 1) & 1;
-            const int k = get<1>(tScS(v));
-            const bool attends = rule[slot].attends(key0 + k) && ((absent >> k) & 1) == 0;
-            const float s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
-            neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
-            tSrS(v) = s;
-            block_max[slot] = fmaxf(block_max[slot], s);
-          }
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
-          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
-          block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-          block_max[s] *= s_mul[s];
-        }
-        if (skip_softmax) {
-          bool negligible = true;
-#pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            negligible =
-                negligible && (!row_valid[s] || exp2f(block_max[s] - row_max[s]) < skip_threshold);
-          }
-          if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst), 128, negligible)) {
-            block_max[0] = block_max[1] = kNegInf;
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
-          }
-        }
-        // ---- online softmax (the dense loop's max rule: kMaxSlack) ----
-        float a_new[2];
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const float m_new = block_max[s] > row_max[s] + kMaxSlack ? block_max[s] : row_max[s];
-          const float m_use = m_new == kNegInf ? 0.0f : m_new;
-          a_new[s] = m_new == kNegInf ? 1.0f : exp2f(row_max[s] - m_use);
-          row_max[s] = m_new;
-          block_max[s] = m_use;
-          row_sum[s] *= a_new[s];
-        }
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          const int slot = (v >> 1) & 1;
-          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
-        }
-        // ---- P (16-bit) into the block's rope chunk and registers; the factor for consumer 1 ----
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); v += 2) {
-          tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
-        }
-        {
-          const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-          const uint32_t p_row =
-              static_cast<uint32_t>(__cvta_generic_to_shared(k_stage + Traits::kRopeChunkOffset)) +
-              row * 128;
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            const int col8 = 2 * k + (lane >> 4);
-            tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
-                             tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
-          }
-        }
-        if ((lane & 3) == 0) {
-#pragma unroll
-          for (int s = 0; s < 2; ++s) smem.scale[stage][0][my_row[s]] = a_new[s];
-        }
+        tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
+                                  std::conditional_t<F::kFp8Query, __half, void>, false,
+                                  kScaledQuery>(
+            p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+            [&] {
+              // The row pointers (and kScaledQuery's row maxima) are stored by consumer 0's first
+              // warps and read by both warpgroups: each syncs itself first, as at store_rows' hand-
+              // offs (racecheck, docs/sm90-seesaw.md, Sanitizers).
+              sync_local();
+              named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                               Traits::kConsumerThreads);
+            },
+            [&] {
+              if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+              if (out_copies_pending) {
+                if (ctid < kRows) tma_store_wait<0>();
+                named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                                 Traits::kConsumerThreads);
+                out_copies_pending = false;
+              }
+            },
+            smem.query_max, smem.query_unscale);
         fence_proxy_async_smem();
-        sync_local();
-        named_barrier_arrive(hand_off, Traits::kConsumerThreads);
-        // ---- O_L = a O_L + P V_L ----
-        rescale_o(a_new);
-        pv_gemm_own(stage);
-        add_row_sums();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release(stage);
+        named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                         Traits::kConsumerThreads);
       }
-    } else {
-      // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
-      // released); warpgroup-uniform.
-      bool deferred = false;
-      for (int round = 0; 2 * round < num_blocks; ++round) {
-        const int par = round & 1;
-        const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
-        const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
-        ++uses[0];
-        if (has_odd) ++uses[1];
-        const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
-        const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
-        T* k_stage = smem.k[cw];
-        float m_in[2],
-            a_in[2];  // running max before this consumer's block, and the previous factor
+      clear(tOrO);
+      // NOTE: without this fence the direct split's instantiation serializes every wgmma (C7515):
+      // the compiler knows O is zero across the first P V.
+      warpgroup_fence_operand(tOrO);
 
-        if (mine) {
-          // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over
-          // the whole block, each 64-column chunk issued as it lands ----
-          Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
-          Tensor tSrK = thr_qk.partition_fragment_B(sK);
-          // p.hold_first_s: a segment's first two S GEMMs one after the other (round 0 has a
-          // block for consumer 1), so that consumer 0's, on the round's path, runs alone. Not on
-          // the direct split (one segment a CTA: nothing measurable, and its kClean instantiation
-          // spilled 20 bytes with it).
-          const bool hold = !kDirect && p.hold_first_s != 0 && round == 0 && has_odd;
-          if (hold && cw == 1) {
-            named_barrier_sync(barrier_id(NamedBarrier::kFirstS), Traits::kConsumerThreads);
-          }
-          tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
-            // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes back.
-            warpgroup_commit_batch();
-            warpgroup_wait<1>();
-            warpgroup_fence_operand(tOrO);
-            if (deferred) release(1);
-            deferred = false;
-          });
-          if (hold && cw == 0) {
-            named_barrier_arrive(barrier_id(NamedBarrier::kFirstS), Traits::kConsumerThreads);
-          }
-        }
-
-        if (cw == 1) {
-          // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
-          named_barrier_sync(barrier_id(NamedBarrier::kToSecond), Traits::kConsumerThreads);
+      tma::RowRule rule[2];
+      bool row_valid[2];
 #pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            m_in[s] = smem.max[par][0][my_row[s]];
-            a_in[s] = smem.scale[par][0][my_row[s]];
-            row_sum[s] *= a_in[s];
-          }
-          warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
-          warpgroup_fence_operand(tOrO);
-          rescale_o(a_in);
-          pv_gemm(0);
+      for (int s = 0; s < 2; ++s) {
+        const int r = my_row[s];
+        row_valid[s] = r < tile_rows;
+        const int i = (w.row0 + r) / p.num_heads;  // token of the row
+        rule[s].first_query = w.seq_len - w.n;
+        rule[s].mask = nullptr;
+        if (!row_valid[s]) {
+          rule[s].limit = 0;
+        } else if (kSparse) {
+          rule[s].limit = w.extent;  // the token's counted entries
+        } else if (p.mask != nullptr) {
+          rule[s].limit = w.seq_len;
+          const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+          rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
         } else {
-#pragma unroll
-          for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+          rule[s].limit = max(0, w.seq_len - w.n + i + 1);
         }
+      }
+      // Blocks that end at or below this key take the softmax without per-score mask and scale.
+      // NOTE: padding rows do not count: their query row is 0, so S is 0 and P is 1 there, and
+      // their O, max and sum are never stored; counting them (limit 0) put every block of a warp
+      // with a padding row on the masked path (H96: +30%, docs/sm90-seesaw.md, Softmax). The first
+      // key some row of the tile does not attend (its first token's limit; with a mask, the first
+      // draft key) bounds it too: blocks past it take the masked path in every thread, and their V
+      // rows from it on are cleaned (tma::clean_v_rows). NOTE: without kClean the code below is
+      // exactly what it was before cleaning existed: its mere presence cost the hot shapes 1-2%
+      // (docs/sm90-seesaw.md, Non-finite inputs).
+      const int tile_limit =
+          max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
+      int unmasked_limit =
+          min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX);
+      if constexpr (kClean) unmasked_limit = min(unmasked_limit, tile_limit);
 
-        if (mine) {
-          // ---- mask; row max over the block (scaled, base 2) ----
-          // NOTE: where both rows attend every key of the block (no mask, below both limits), S
-          // stays unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
-          const bool unmasked =
-              p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
-          // The scale of each of the thread's rows: kScaledQuery, times the inverse of the row's
-          // fp16 scale (read here: held across the blocks, it would take two registers).
-          float row_scale[2];
+      // Skip-softmax threshold f / seq_len (sparse: the token's counted entries).
+      const int skip_len = kSparse ? w.extent : w.seq_len;
+      const bool skip_softmax = p.skip_softmax_factor > 0.0f && skip_len > 0;
+      const float skip_threshold =
+          skip_softmax ? __fdiv_rn(p.skip_softmax_factor, static_cast<float>(skip_len)) : 0.0f;
+
+      float row_max[2] = {kNegInf, kNegInf};  // running max of both consumers, base-2 units
+      float row_sum[2] = {0.0f, 0.0f};        // this thread's share of its own blocks' sum of P
+
+      // O half += P V half of the block in `stage` (P in its rope chunk); issued, not waited for.
+      auto pv_gemm = [&](int stage) {
+        Tensor sP = make_tensor(make_smem_ptr(smem.k[stage] + Traits::kRopeChunkOffset),
+                                typename Traits::SmemLayoutP{});
+        Tensor tOrP = thr_pv.partition_fragment_A(sP);  // (MMA, 1, 4)
+        Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+        Tensor sV_half =
+            local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+        Tensor tOrV = thr_pv.partition_fragment_B(sV_half);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOrP); ++k)
+          cute::gemm(mma_pv, tOrP(_, _, k), tOrV(_, _, k), tOrO);
+        warpgroup_commit_batch();
+      };
+      // The same for this consumer's own block, P from tOrPown.
+      // NOTE: one generic lambda for both (the MMA, slice and A fragments as arguments) took the
+      // descriptors out of uniform registers: 16 more R2UR in the round loop (2,054 -> 2,070).
+      auto pv_gemm_own = [&](int stage) {
+        Tensor sV = make_tensor(make_smem_ptr(smem.k[stage]), typename Traits::SmemLayoutV{});
+        Tensor sV_half =
+            local_tile(sV, Shape<Int<Traits::kColsPerWg>, Int<kKeys>>{}, make_coord(cw, 0));
+        Tensor tOrV = thr_pv_own.partition_fragment_B(sV_half);
+        warpgroup_fence_operand(tOrO);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tOrPown); ++k)
+          cute::gemm(mma_pv_own, tOrPown(_, _, k), tOrV(_, _, k), tOrO);
+        warpgroup_commit_batch();
+      };
+      // This thread's share of its own block's sum of P (in tSrS, fp32) into row_sum.
+      auto add_row_sums = [&] {
+        CUTE_UNROLL
+        for (int v = 0; v < size(tSrS); ++v) row_sum[(v >> 1) & 1] += tSrS(v);
+      };
+      auto rescale_o = [&](const float(&factor)[2]) {
+        // NOTE: a factor of exactly 1 (the max did not move) leaves O bitwise unchanged; a warp
+        // whose rows all kept their max skips the 128 multiplies.
+        if (!__any_sync(0xffffffffu, factor[0] != 1.0f || factor[1] != 1.0f)) return;
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) tOrO(v) *= factor[(v >> 1) & 1];
+      };
+      // One arrive per consumer warp: this warpgroup's last reads of its chunks of the stage (V_L
+      // for consumer 0; V_R and P for consumer 1) are done. NOTE: elect.sync, not lane == 0: ptxas
+      // re-read the thread index (S2R) before each arrive. kPair: the other CTA's producer refills
+      // this stage too (multicast): it gets the arrive too. kGather: every thread arrives on its
+      // own CTA's barrier (tma::kGatherReleases), so that its reads of the block's entries are
+      // ordered before the producer's next ones by its own arrive.
+      auto release = [&](int stage) {
+        uint64_t* bar = cw == 0 ? &smem.empty_l[stage] : &smem.empty_r[stage];
+        if constexpr (kGather) mbar_arrive(bar);
+        __syncwarp();
+        if (cute::elect_one_sync()) {
+          if constexpr (!kGather) mbar_arrive(bar);
+          if constexpr (kPair) tma::mbar_arrive_cluster(bar, rank ^ 1);
+        }
+      };
+
+      const int num_blocks = w.block_end - w.block_begin;
+      if constexpr (kSparse) {
+        // ---- sparse calls: one block at a time. Consumer 0 computes the block's S, its softmax
+        // and O_L += P V_L (P from registers); consumer 1 takes P from the block's rope chunk and
+        // applies O_R = a O_R + P V_R while consumer 0 scores the next block. A stage goes back
+        // once its block's P V halves are done, so the producer fills one stage for a whole block's
+        // time while the other is consumed (docs/sm90-sparse.md, One block at a time). Consumer 0
+        // holds the running max and sum; consumer 1's row sums stay 0. ----
+        for (int it = 0; it < num_blocks; ++it) {
+          const int stage = it & 1;
+          // NOTE: uses[] by constant indices only: indexed by `stage`, the array went to local
+          // memory, and consumer 0 waited on a load of it every block (docs/perf-notes.md, Change
+          // 92).
+          const uint32_t phase = (stage == 0 ? uses[0] : uses[1]) & 1;
+          if (stage == 0) {
+            ++uses[0];
+          } else {
+            ++uses[1];
+          }
+          // The hand-off of block it, a barrier per stage: consumer 0 arrives on it again only
+          // after scoring block it + 2, whose rope chunk the producer refills after consumer 1's
+          // release of block it, which follows its sync here.
+          const uint32_t hand_off =
+              barrier_id(stage == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst);
+          T* k_stage = smem.k[stage];
+          if (cw == 1) {
+            named_barrier_sync<kAlignedBars>(hand_off, Traits::kConsumerThreads);
+            float a[2];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) a[s] = smem.scale[stage][0][my_row[s]];
+            rescale_o(a);
+            pv_gemm(stage);
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            release(stage);
+            continue;
+          }
+          // ---- S = Q K^T over the whole block, each chunk issued as it lands ----
+          {
+            Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+            Tensor tSrK = thr_qk.partition_fragment_B(sK);
+            // kGatherPair: the producers publish their stores without a proxy fence; this
+            // consumer fences after each chunk's wait, which also orders consumer 1's reads of the
+            // block behind the hand-off (tma::gather_ahead_blocks).
+            tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[stage], phase,
+                                      tma::NoHook{}, kGatherAhead);
+          }
+          // ---- mask (keys whose entry is -1, slot[stage]); row max over the block (base 2) ----
+          // NOTE: the dense rounds' softmax below, without their mask tensor, draft cleaning and
+          // zeroed rows: kept as a copy so that the dense instantiations' SASS stays what it was (a
+          // lambda shared with the rounds once took their GMMA descriptors out of uniform
+          // registers).
+          const int key0 = (w.block_begin + it) * kKeys;
+          const uint64_t absent =
+              (static_cast<uint64_t>(__ballot_sync(0xffffffffu, smem.slot[stage][lane + 32] < 0))
+               << 32) |
+              __ballot_sync(0xffffffffu, smem.slot[stage][lane] < 0);
+          const bool unmasked = score_scale > 0.0f && key0 + kKeys <= unmasked_limit && absent == 0;
+          float row_scale[2], s_mul[2];
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
             row_scale[s] = kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
+            s_mul[s] = unmasked ? row_scale[s] : 1.0f;
           }
-          float s_mul[2];  // what tSrS still needs
-#pragma unroll
-          for (int s = 0; s < 2; ++s) s_mul[s] = unmasked ? row_scale[s] : 1.0f;
           float block_max[2] = {kNegInf, kNegInf};
-          // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
-          // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
-          // 1.2). Unmasked, one largest |S| over both rows finds the rare block that has one (a
-          // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
-          bool neg_inf[2] = {false, false};
+          bool neg_inf[2] = {false, false};  // an attended score of -inf: the row turns NaN
           if (unmasked) {
             float abs_max = 0.0f;
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) {
-              const int slot = (v >> 1) & 1;
-              block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+              block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
               abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
             }
             if (abs_max == kInf) {
@@ -742,21 +597,10 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) {
               const int slot = (v >> 1) & 1;
-              const int j = key0 + get<1>(tScS(v));
-              // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row must
-              // turn (contract section 1; the key's V row may have been cleaned).
-              float s;
-              if constexpr (kClean) {
-                s = kNegInf;
-                if (rule[slot].attends(j)) {
-                  s = tSrS(v) * row_scale[slot];
-                  if (s == kNegInf) s = __int_as_float(0x7fffffff);
-                }
-              } else {
-                const bool attends = rule[slot].attends(j);
-                s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
-                neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
-              }
+              const int k = get<1>(tScS(v));
+              const bool attends = rule[slot].attends(key0 + k) && ((absent >> k) & 1) == 0;
+              const float s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
+              neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
               tSrS(v) = s;
               block_max[slot] = fmaxf(block_max[slot], s);
             }
@@ -766,316 +610,535 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
             block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
             block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-            block_max[s] *= s_mul[s];  // scale > 0: the max of the scaled scores
+            block_max[s] *= s_mul[s];
           }
-
-          // ---- skip-softmax: a block every row of the tile finds negligible counts as empty ----
           if (skip_softmax) {
             bool negligible = true;
 #pragma unroll
             for (int s = 0; s < 2; ++s) {
-              negligible =
-                  negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+              negligible = negligible &&
+                           (!row_valid[s] || exp2f(block_max[s] - row_max[s]) < skip_threshold);
             }
-            const uint32_t vote_id =
-                barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
-            if (named_barrier_and(vote_id, 128, negligible)) {
-              block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+            if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst), 128, negligible)) {
+              block_max[0] = block_max[1] = kNegInf;
               CUTE_UNROLL
               for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
             }
           }
-
-          // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each)
-          // ----
-          float m_new[2], a_new[2];
+          // ---- online softmax (the dense loop's max rule: kMaxSlack) ----
+          float a_new[2];
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
-            // NOTE: the running max moves only where the block's exceeds it by more than
-            // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
-            // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
-            m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
-            const float m_use =
-                m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
-            a_new[s] = exp2f(m_in[s] - m_use);
-            // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a
-            // factor of 1 leaves them so and lets its warp skip the rescale.
-            if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+            const float m_new = block_max[s] > row_max[s] + kMaxSlack ? block_max[s] : row_max[s];
+            const float m_use = m_new == kNegInf ? 0.0f : m_new;
+            a_new[s] = m_new == kNegInf ? 1.0f : exp2f(row_max[s] - m_use);
+            row_max[s] = m_new;
             block_max[s] = m_use;
             row_sum[s] *= a_new[s];
           }
-          // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
-          // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
-          // Schedule of one segment).
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {
             const int slot = (v >> 1) & 1;
             tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
           }
-
-          // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+          // ---- P (16-bit) into the block's rope chunk and registers; the factor for consumer 1
+          // ----
+          CUTE_UNROLL
+          for (int v = 0; v < size(tSrS); v += 2) {
+            tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+          }
           {
-            // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
-            // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
-            // Precision).
-            uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+            const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+            const uint32_t p_row = static_cast<uint32_t>(__cvta_generic_to_shared(
+                                       k_stage + Traits::kRopeChunkOffset)) +
+                                   row * 128;
             CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); v += 2) {
-              tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+            for (int k = 0; k < 4; ++k) {
+              const int col8 = 2 * k + (lane >> 4);
+              tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                               tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
             }
-            // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r + 8
-            // of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled chunk.
-            {
-              const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-              const uint32_t p_row =
-                  static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+          }
+          if ((lane & 3) == 0) {
+#pragma unroll
+            for (int s = 0; s < 2; ++s) smem.scale[stage][0][my_row[s]] = a_new[s];
+          }
+          fence_proxy_async_smem();
+          sync_local();
+          named_barrier_arrive<kAlignedBars>(hand_off, Traits::kConsumerThreads);
+          // ---- O_L = a O_L + P V_L ----
+          rescale_o(a_new);
+          pv_gemm_own(stage);
+          add_row_sums();
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          release(stage);
+        }
+      } else {
+        // Consumer 0 left this round's P1 V1_L in flight behind the next S (stage 1's V_L not yet
+        // released); warpgroup-uniform.
+        bool deferred = false;
+        for (int round = 0; 2 * round < num_blocks; ++round) {
+          const int par = round & 1;
+          const bool has_odd = 2 * round + 1 < num_blocks;  // the round has a block for consumer 1
+          const uint32_t phase = (cw == 0 ? uses[0] : uses[1]) & 1;
+          ++uses[0];
+          if (has_odd) ++uses[1];
+          const bool mine = cw == 0 || has_odd;  // this consumer scores a block this round
+          const int key0 = (w.block_begin + 2 * round + cw) * kKeys;
+          T* k_stage = smem.k[cw];
+          float m_in[2],
+              a_in[2];  // running max before this consumer's block, and the previous factor
+
+          if (mine) {
+            // ---- qk_gemm (consumer 1 starts before consumer 0 hands over its max): S = Q K^T over
+            // the whole block, each 64-column chunk issued as it lands ----
+            Tensor sK = make_tensor(make_smem_ptr(k_stage), typename Traits::SmemLayoutK{});
+            Tensor tSrK = thr_qk.partition_fragment_B(sK);
+            // p.hold_first_s: a segment's first two S GEMMs one after the other (round 0 has a
+            // block for consumer 1), so that consumer 0's, on the round's path, runs alone. Not on
+            // the direct split (one segment a CTA: nothing measurable, and its kClean instantiation
+            // spilled 20 bytes with it).
+            const bool hold = !kDirect && p.hold_first_s != 0 && round == 0 && has_odd;
+            if (hold && cw == 1) {
+              named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kFirstS),
+                                               Traits::kConsumerThreads);
+            }
+            tma::chunked_gemm<Traits>(mma_qk, tSrQ, tSrK, tSrS, smem.full[cw], phase, [&] {
+              // The previous round's P1 V1_L, if left in flight, completes: V_L of stage 1 goes
+              // back.
+              warpgroup_commit_batch();
+              warpgroup_wait<1>();
+              warpgroup_fence_operand(tOrO);
+              if (deferred) release(1);
+              deferred = false;
+            });
+            if (hold && cw == 0) {
+              named_barrier_arrive<kAlignedBars>(barrier_id(NamedBarrier::kFirstS),
+                                                 Traits::kConsumerThreads);
+            }
+          }
+
+          if (cw == 1) {
+            // ---- take consumer 0's hand-off; start O_R = a0 O_R + P0 V0_R ----
+            named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kToSecond),
+                                             Traits::kConsumerThreads);
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              m_in[s] = smem.max[par][0][my_row[s]];
+              a_in[s] = smem.scale[par][0][my_row[s]];
+              row_sum[s] *= a_in[s];
+            }
+            warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+            warpgroup_fence_operand(tOrO);
+            rescale_o(a_in);
+            pv_gemm(0);
+          } else {
+#pragma unroll
+            for (int s = 0; s < 2; ++s) m_in[s] = row_max[s];
+          }
+
+          if (mine) {
+            // ---- mask; row max over the block (scaled, base 2) ----
+            // NOTE: where both rows attend every key of the block (no mask, below both limits), S
+            // stays unscaled and the scale goes into P's FFMA: no per-score mask test or multiply.
+            const bool unmasked =
+                p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+            // The scale of each of the thread's rows: kScaledQuery, times the inverse of the row's
+            // fp16 scale (read here: held across the blocks, it would take two registers).
+            float row_scale[2];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              row_scale[s] =
+                  kScaledQuery ? score_scale * smem.query_unscale[my_row[s]] : score_scale;
+            }
+            float s_mul[2];  // what tSrS still needs
+#pragma unroll
+            for (int s = 0; s < 2; ++s) s_mul[s] = unmasked ? row_scale[s] : 1.0f;
+            float block_max[2] = {kNegInf, kNegInf};
+            // NOTE: an attended score of -inf (an inf in a key's rope, which V does not hold) gets
+            // P = 0 and would leave its row finite: such a row's sum turns NaN (contract section
+            // 1.2). Unmasked, one largest |S| over both rows finds the rare block that has one (a
+            // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
+            bool neg_inf[2] = {false, false};
+            if (unmasked) {
+              float abs_max = 0.0f;
               CUTE_UNROLL
-              for (int k = 0; k < 4; ++k) {
-                const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
-                tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
-                                 tOrPown32(4 * k + 1), tOrPown32(4 * k + 2), tOrPown32(4 * k + 3));
+              for (int v = 0; v < size(tSrS); ++v) {
+                const int slot = (v >> 1) & 1;
+                block_max[slot] = fmaxf(block_max[slot], tSrS(v));
+                abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
+              }
+              if (abs_max == kInf) {
+                CUTE_UNROLL
+                for (int v = 0; v < size(tSrS); ++v) {
+                  neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
+                }
+              }
+            } else {
+              CUTE_UNROLL
+              for (int v = 0; v < size(tSrS); ++v) {
+                const int slot = (v >> 1) & 1;
+                const int j = key0 + get<1>(tScS(v));
+                // NOTE: an attended score of -inf comes from an infinite input: NaN, as the row
+                // must turn (contract section 1; the key's V row may have been cleaned).
+                float s;
+                if constexpr (kClean) {
+                  s = kNegInf;
+                  if (rule[slot].attends(j)) {
+                    s = tSrS(v) * row_scale[slot];
+                    if (s == kNegInf) s = __int_as_float(0x7fffffff);
+                  }
+                } else {
+                  const bool attends = rule[slot].attends(j);
+                  s = attends ? tSrS(v) * row_scale[slot] : kNegInf;
+                  neg_inf[slot] = neg_inf[slot] || (attends && s == kNegInf);
+                }
+                tSrS(v) = s;
+                block_max[slot] = fmaxf(block_max[slot], s);
               }
             }
-            // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
-            // (poisoned cache, stale stage), and P = 0 times NaN is NaN.
-            // The fp8 ring widens them into zeros: nothing to zero (and no store of this
-            // warpgroup's into the widening warps' rows).
-            const int valid = min(kKeys, w.extent - key0);
-            const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
-            // kClean: from the first key some row of the tile does not attend (tile_limit).
-            const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
-            if constexpr (kClean) {
-              if (clean0 < zero_end) {
-                tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
-                                  Traits::kL / Traits::kChunkCols, clean0, zero_end, valid,
-                                  std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
-              }
-            } else if (valid < zero_end) {
-              uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
-              constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
-              const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
-              for (int e = wtid; e < n; e += 128) {
-                const int piece = e & 7, rest = e >> 3;
-                const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
-                *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
-                    make_uint4(0, 0, 0, 0);
-              }
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
+              block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+              block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+              block_max[s] *= s_mul[s];  // scale > 0: the max of the scaled scores
             }
-            if ((lane & 3) == 0) {
+
+            // ---- skip-softmax: a block every row of the tile finds negligible counts as empty
+            // ----
+            if (skip_softmax) {
+              bool negligible = true;
 #pragma unroll
               for (int s = 0; s < 2; ++s) {
-                smem.max[par][cw][my_row[s]] = m_new[s];
-                smem.scale[par][cw][my_row[s]] = a_new[s];
+                negligible =
+                    negligible && (!row_valid[s] || exp2f(block_max[s] - m_in[s]) < skip_threshold);
+              }
+              const uint32_t vote_id =
+                  barrier_id(cw == 0 ? NamedBarrier::kVoteFirst : NamedBarrier::kVoteSecond);
+              if (named_barrier_and(vote_id, 128, negligible)) {
+                block_max[0] = block_max[1] = kNegInf;  // P = 0: the block adds nothing
+                CUTE_UNROLL
+                for (int v = 0; v < size(tSrS); ++v) tSrS(v) = kNegInf;
               }
             }
-            fence_proxy_async_smem();
-            // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P from
-            // registers): sync the warpgroup there. The hand-off orders every thread's stores
-            // before the other consumer's reads. NOTE: synced in every block, not only where rows
-            // were zeroed: with the one-way hand-off barrier alone, racecheck reported the max and
-            // factor stores against the other consumer's reads (31,232 hazards each over two
-            // Fp8Widened cases); this costs nothing measurable (docs/perf-notes.md, "The seesaw
-            // kernel's hand-off under racecheck").
-            named_barrier_sync(
-                barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond), 128);
-            named_barrier_arrive(
-                barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
-                Traits::kConsumerThreads);
-          }
+
+            // ---- online_softmax: new max, factor, P = exp2(S - max) (one FFMA and one MUFU each)
+            // ----
+            float m_new[2], a_new[2];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              // NOTE: the running max moves only where the block's exceeds it by more than
+              // kMaxSlack (P <= 2^kMaxSlack): the max is a reference point of O and the sum, and a
+              // factor of 1 lets a warp skip its rescales (docs/sm90-seesaw.md, Softmax).
+              m_new[s] = block_max[s] > m_in[s] + kMaxSlack ? block_max[s] : m_in[s];
+              const float m_use =
+                  m_new[s] == kNegInf ? 0.0f : m_new[s];  // no finite score yet: P = 0
+              a_new[s] = exp2f(m_in[s] - m_use);
+              // NOTE: a row without a finite score yet (padding rows too) has O = 0 and sum 0: a
+              // factor of 1 leaves them so and lets its warp skip the rescale.
+              if (m_new[s] == kNegInf) a_new[s] = 1.0f;
+              block_max[s] = m_use;
+              row_sum[s] *= a_new[s];
+            }
+            // NOTE: P's row sums wait until this consumer's own P V is issued (add_row_sums): the
+            // hand-off to the other consumer is the round's critical path (docs/sm90-seesaw.md,
+            // Schedule of one segment).
+            CUTE_UNROLL
+            for (int v = 0; v < size(tSrS); ++v) {
+              const int slot = (v >> 1) & 1;
+              tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul[slot], -block_max[slot]));
+            }
+
+            // ---- P into the block's rope chunk (16-bit); zero V rows of keys past the extent ----
+            {
+              // NOTE: rounding P to 16 bits moves out by up to half an ulp of P times
+              // sum_j p_j |v_j| / Z, which dominates where the terms cancel (docs/sm90-tma.md,
+              // Precision).
+              uint8_t* p_bytes = reinterpret_cast<uint8_t*>(k_stage + Traits::kRopeChunkOffset);
+              CUTE_UNROLL
+              for (int v = 0; v < size(tSrS); v += 2) {
+                tOrPown32(v / 2) = pack_pair<T>(tSrS(v), tSrS(v + 1));
+              }
+              // Words 4k .. 4k + 3 are the 8x8 matrices of columns 16k .. 16k + 15 (rows r and r +
+              // 8 of each 8 columns); lane l addresses row l % 8 of matrix l / 8 in the swizzled
+              // chunk.
+              {
+                const int row = (wtid >> 5) * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+                const uint32_t p_row =
+                    static_cast<uint32_t>(__cvta_generic_to_shared(p_bytes)) + row * 128;
+                CUTE_UNROLL
+                for (int k = 0; k < 4; ++k) {
+                  const int col8 = 2 * k + (lane >> 4);  // the matrix's 8 columns, in 16-byte units
+                  tma::stmatrix_x4(p_row + ((col8 ^ (lane & 7)) << 4), tOrPown32(4 * k),
+                                   tOrPown32(4 * k + 1), tOrPown32(4 * k + 2),
+                                   tOrPown32(4 * k + 3));
+                }
+              }
+              // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold
+              // NaN (poisoned cache, stale stage), and P = 0 times NaN is NaN. The fp8 ring widens
+              // them into zeros: nothing to zero (and no store of this warpgroup's into the
+              // widening warps' rows).
+              const int valid = min(kKeys, w.extent - key0);
+              const int zero_end = kWidenRing ? valid : kKeys;  // rows [valid, zero_end) are zeroed
+              // kClean: from the first key some row of the tile does not attend (tile_limit).
+              const int clean0 = kClean ? min(valid, max(0, tile_limit - key0)) : valid;
+              if constexpr (kClean) {
+                if (clean0 < zero_end) {
+                  tma::clean_v_rows(reinterpret_cast<uint8_t*>(k_stage), kKeys,
+                                    Traits::kL / Traits::kChunkCols, clean0, zero_end, valid,
+                                    std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
+                }
+              } else if (valid < zero_end) {
+                uint8_t* k_bytes = reinterpret_cast<uint8_t*>(k_stage);
+                constexpr int kVChunks = Traits::kL / Traits::kChunkCols;  // 8 chunks hold V
+                const int n = (kKeys - valid) * kVChunks * 8;              // 16-byte pieces
+                for (int e = wtid; e < n; e += 128) {
+                  const int piece = e & 7, rest = e >> 3;
+                  const int chunk = rest % kVChunks, r = valid + rest / kVChunks;
+                  *reinterpret_cast<uint4*>(k_bytes + chunk * kKeys * 128 + r * 128 + piece * 16) =
+                      make_uint4(0, 0, 0, 0);
+                }
+              }
+              if ((lane & 3) == 0) {
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                  smem.max[par][cw][my_row[s]] = m_new[s];
+                  smem.scale[par][cw][my_row[s]] = a_new[s];
+                }
+              }
+              fence_proxy_async_smem();
+              // This warpgroup's own P V reads the zeroed V rows of a partial or draft block (P
+              // from registers): sync the warpgroup there. The hand-off orders every thread's
+              // stores before the other consumer's reads. NOTE: synced in every block, not only
+              // where rows were zeroed: with the one-way hand-off barrier alone, racecheck reported
+              // the max and factor stores against the other consumer's reads (31,232 hazards each
+              // over two Fp8Widened cases); this costs nothing measurable (docs/perf-notes.md, "The
+              // seesaw kernel's hand-off under racecheck").
+              named_barrier_sync<kAlignedBars>(
+                  barrier_id(cw == 0 ? NamedBarrier::kLocalFirst : NamedBarrier::kLocalSecond),
+                  128);
+              named_barrier_arrive<kAlignedBars>(
+                  barrier_id(cw == 0 ? NamedBarrier::kToSecond : NamedBarrier::kToFirst),
+                  Traits::kConsumerThreads);
+            }
 
 #pragma unroll
-          for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
-          if (cw == 0) {
-            // ---- O_L = a0 O_L + P0 V0_L ----
-            // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0 V0_R
-            // (other branch) possibly in flight and serializes every wgmma of the kernel (C7514).
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-            rescale_o(a_new);
-            pv_gemm_own(0);
-            add_row_sums();
-            // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L
-            // of stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-            release(0);
+            for (int s = 0; s < 2; ++s) row_max[s] = m_new[s];
+            if (cw == 0) {
+              // ---- O_L = a0 O_L + P0 V0_L ----
+              // NOTE: nothing is in flight here, but without the wait ptxas sees consumer 1's P0
+              // V0_R (other branch) possibly in flight and serializes every wgmma of the kernel
+              // (C7514).
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(tOrO);
+              rescale_o(a_new);
+              pv_gemm_own(0);
+              add_row_sums();
+              // NOTE: drained here, before waiting for consumer 1, so that the producer refills V_L
+              // of stage 0 (the next round's first S chunks) while consumer 1 runs its softmax.
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(tOrO);
+              release(0);
+            } else {
+              // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+              warpgroup_wait<0>();
+              warpgroup_fence_operand(tOrO);
+              release(0);
+              rescale_o(a_new);
+              pv_gemm_own(1);
+              add_row_sums();
+            }
           } else {
-            // ---- O_R = a1 (a0 O_R + P0 V0_R) + P1 V1_R ----
+            // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
+#pragma unroll
+            for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+          }
+
+          if (cw == 0 && has_odd) {
+            // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
+            named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kToFirst),
+                                             Traits::kConsumerThreads);
+            float a1[2];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              row_max[s] = smem.max[par][1][my_row[s]];
+              a1[s] = smem.scale[par][1][my_row[s]];
+              row_sum[s] *= a1[s];
+            }
             warpgroup_wait<0>();
             warpgroup_fence_operand(tOrO);
-            release(0);
-            rescale_o(a_new);
-            pv_gemm_own(1);
-            add_row_sums();
+            rescale_o(a1);
+            pv_gemm(1);
           }
-        } else {
-          // Consumer 1 without a block (odd count, last round): the max stays consumer 0's.
+          // Drain this round's last P V: the stage it read goes back to the producer.
+          // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
+          // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes
+          // back after that chunk's k steps are issued (the hook above). Where the chunk has not
+          // landed, waiting for it first would hold stage 1 back.
+          if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
+            // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
+            // warp-uniform branch (else it serializes every wgmma: C7520).
+            deferred = __all_sync(0xffffffffu,
+                                  named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
+                                                    tma::mbar_test(&smem.full[0][0], uses[0] & 1)));
+          }
+          if (!deferred) {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            if (cw == 0) {
+              if (has_odd) release(1);
+            } else {
+              release(mine ? 1 : 0);
+            }
+          }
+        }
+
+      }  // dense rounds
+
+      warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
+      warpgroup_fence_operand(tOrO);
+
+      // ---- row sums over both consumers ----
+      // A non-finite O value comes from a non-finite attended key or value (here: an inf value
+      // whose score came out -inf has P = 0 and leaves NaN in its column only, and an inf value
+      // with P > 0 an inf): its row turns NaN, out and lse (contract section 1), through its sum.
+      // Values of keys a row does not attend never reach O as non-finite (past the extent: zeroed V
+      // rows; draft keys attended unequally: kClean). x * 0 is 0 for a finite x and NaN otherwise,
+      // so each slot's sum of them is 0, or NaN where its row holds a non-finite value, and adding
+      // it to the row's sum carries the NaN. NOTE: four independent FFMA chains a slot. The test
+      // written as `finite && isfinite(x)` compiled to a compare and a branch per value, ~1 us a
+      // segment on the consumers' path (docs/perf-notes.md, "Where a segment boundary's time
+      // goes").
+      {
+        float nonfinite[2][4] = {};
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); ++v) {
+          float& acc = nonfinite[(v >> 1) & 1][(v >> 2) & 3];
+          acc = fmaf(tOrO(v), 0.0f, acc);
+        }
 #pragma unroll
-          for (int s = 0; s < 2; ++s) row_max[s] = m_in[s];
+        for (int s = 0; s < 2; ++s) {
+          row_sum[s] += (nonfinite[s][0] + nonfinite[s][1]) + (nonfinite[s][2] + nonfinite[s][3]);
         }
-
-        if (cw == 0 && has_odd) {
-          // ---- take consumer 1's hand-off: O_L = a1 O_L + P1 V1_L ----
-          named_barrier_sync(barrier_id(NamedBarrier::kToFirst), Traits::kConsumerThreads);
-          float a1[2];
-#pragma unroll
-          for (int s = 0; s < 2; ++s) {
-            row_max[s] = smem.max[par][1][my_row[s]];
-            a1[s] = smem.scale[par][1][my_row[s]];
-            row_sum[s] *= a1[s];
-          }
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          rescale_o(a1);
-          pv_gemm(1);
-        }
-        // Drain this round's last P V: the stage it read goes back to the producer.
-        // NOTE: consumer 0 instead leaves P1 V1_L in flight where the next round's first chunk of
-        // stage 0 has already landed: the next S is issued behind it, and V_L of stage 1 goes back
-        // after that chunk's k steps are issued (the hook above). Where the chunk has not landed,
-        // waiting for it first would hold stage 1 back.
-        if (cw == 0 && has_odd && 2 * (round + 1) < num_blocks) {
-          // NOTE: the vote makes it uniform over the warpgroup; __all_sync lets ptxas see a
-          // warp-uniform branch (else it serializes every wgmma: C7520).
-          deferred = __all_sync(0xffffffffu,
-                                named_barrier_and(barrier_id(NamedBarrier::kDeferFirst), 128,
-                                                  tma::mbar_test(&smem.full[0][0], uses[0] & 1)));
-        }
-        if (!deferred) {
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          if (cw == 0) {
-            if (has_odd) release(1);
-          } else {
-            release(mine ? 1 : 0);
-          }
-        }
-      }
-
-    }  // dense rounds
-
-    warpgroup_wait<0>();  // NOTE: nothing in flight; ptxas cannot tell (see `deferred`)
-    warpgroup_fence_operand(tOrO);
-
-    // ---- row sums over both consumers ----
-    // A non-finite O value comes from a non-finite attended key or value (here: an inf value whose
-    // score came out -inf has P = 0 and leaves NaN in its column only, and an inf value with P > 0
-    // an inf): its row turns NaN, out and lse (contract section 1), through its sum. Values of keys
-    // a row does not attend never reach O as non-finite (past the extent: zeroed V rows; draft keys
-    // attended unequally: kClean).
-    // x * 0 is 0 for a finite x and NaN otherwise, so each slot's sum of them is 0, or NaN where
-    // its row holds a non-finite value, and adding it to the row's sum carries the NaN. NOTE: four
-    // independent FFMA chains a slot. The test written as `finite && isfinite(x)` compiled to a
-    // compare and a branch per value, ~1 us a segment on the consumers' path (docs/perf-notes.md,
-    // "Where a segment boundary's time goes").
-    {
-      float nonfinite[2][4] = {};
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) {
-        float& acc = nonfinite[(v >> 1) & 1][(v >> 2) & 3];
-        acc = fmaf(tOrO(v), 0.0f, acc);
       }
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        row_sum[s] += (nonfinite[s][0] + nonfinite[s][1]) + (nonfinite[s][2] + nonfinite[s][3]);
+        row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
+        row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
+        if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
       }
-    }
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 1);
-      row_sum[s] += __shfl_xor_sync(0xffffffffu, row_sum[s], 2);
-      if (cw == 1 && (lane & 3) == 0) smem.row_sum[my_row[s]] = row_sum[s];
-    }
-    // NOTE: consumer 1's sums reach consumer 0 through smem.row_sum: this barrier (both consumer
-    // warpgroups) orders the stores before consumer 0's reads below, and the next barrier orders
-    // those reads before the next segment's stores. The writing warpgroup syncs itself first:
-    // with the 256-thread barrier alone racecheck reports such pairs (docs/sm90-seesaw.md,
-    // Sanitizers).
-    if (cw == 1) named_barrier_sync(barrier_id(NamedBarrier::kLocalSecond), 128);
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
-    // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
-    // o = bmm2 O / sum in the out type); O is scaled and rounded into the query tile (free: this
-    // segment's GEMMs are done), then each row leaves by one bulk copy (or, for out where its
-    // layout does not allow it, store_out8's 2-byte stores) ----
-    // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed a whole
-    // request's rows).
-    if (cw == 0 && (lane & 3) < 2) {
-      const bool second = (lane & 1) != 0;
-      const int r = second ? my_row[1] : my_row[0];
-      const float mx = second ? row_max[1] : row_max[0];
-      const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
-      const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
-      float scale = 0.0f;  // padding rows, tokens outside [0, T) and empty rows: 0, not written
-      if (w.whole) {
-        if (smem.out_row[r] >= 0) {
-          const RowOutput ro = row_output(smem.out_scale[r], smem.out_sink[r], m, z);
-          if (smem.lse_row[r] >= 0) p.lse[smem.lse_row[r]] = ro.lse;
-          scale = ro.scale;
-        }
-      } else if (r < tile_rows) {
-        p.partial_max[partial_row0 + r] = m;
-        p.partial_sum[partial_row0 + r] = z;
-        if (z != 0.0f) scale = __fdiv_rn(bmm2_scale_of(p), z);
-      }
-      smem.out_scale[r] = scale;
-    }
-    // NOTE: consumer 0's out_scale stores reach both warpgroups (the writer syncs itself first,
-    // as above).
-    if (cw == 0) named_barrier_sync(barrier_id(NamedBarrier::kLocalFirst), 128);
-    named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
-    {
-      float scale[2];
-#pragma unroll
-      for (int s = 0; s < 2; ++s) scale[s] = smem.out_scale[my_row[s]];
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); v += 2) {
-        const float f = scale[(v >> 1) & 1];  // NOTE: a row without a key gets 0, whatever O holds
-        const int r = get<0>(tOcO(v)), c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
-        *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
-            pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
-      }
-    }
-    // Both warpgroups' staged rows are read across warpgroups (the bulk copies of consumer 0's
-    // threads, or every thread's 16-byte pieces): each syncs itself first, as above.
-    sync_local();
-    if (!w.whole || p.out_vec16) {
-      fence_proxy_async_smem();  // the staged rows, for the bulk copies
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      if (ctid < kRows) {
-        uint16_t* dst = nullptr;
-        int cols = Traits::kL;  // partial rows are 512 wide whatever L is (route.h)
+      // NOTE: consumer 1's sums reach consumer 0 through smem.row_sum: this barrier (both consumer
+      // warpgroups) orders the stores before consumer 0's reads below, and the next barrier orders
+      // those reads before the next segment's stores. The writing warpgroup syncs itself first:
+      // with the 256-thread barrier alone racecheck reports such pairs (docs/sm90-seesaw.md,
+      // Sanitizers).
+      if (cw == 1) named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kLocalSecond), 128);
+      named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                       Traits::kConsumerThreads);
+      // ---- store_rows: a one-segment request's out (normalized as the combine would, output.cuh)
+      // or a segment's partial (max in natural log units and the sum over both consumers in fp32,
+      // o = bmm2 O / sum in the out type); O is scaled and rounded into the query tile (free: this
+      // segment's GEMMs are done), then each row leaves by one bulk copy (or, for out where its
+      // layout does not allow it, store_out8's 2-byte stores) ----
+      // Lanes 0 and 1 of each quad of consumer 0 finish its two rows (set_out_row placed a whole
+      // request's rows).
+      if (cw == 0 && (lane & 3) < 2) {
+        const bool second = (lane & 1) != 0;
+        const int r = second ? my_row[1] : my_row[0];
+        const float mx = second ? row_max[1] : row_max[0];
+        const float z = (second ? row_sum[1] : row_sum[0]) + smem.row_sum[r];
+        const float m = mx == kNegInf ? kNegInf : mx * 0.6931471805599453f;
+        float scale = 0.0f;  // padding rows, tokens outside [0, T) and empty rows: 0, not written
         if (w.whole) {
-          const int64_t o = smem.out_row[ctid];
-          if (o >= 0) dst = static_cast<uint16_t*>(p.out) + o;
-          cols = p.kv_lora_rank;
-        } else if (ctid < tile_rows) {
-          dst = static_cast<uint16_t*>(p.partial_o) + (partial_row0 + ctid) * Traits::kL;
+          if (smem.out_row[r] >= 0) {
+            const RowOutput ro = row_output(smem.out_scale[r], smem.out_sink[r], m, z);
+            if (smem.lse_row[r] >= 0) p.lse[smem.lse_row[r]] = ro.lse;
+            scale = ro.scale;
+          }
+        } else if (r < tile_rows) {
+          p.partial_max[partial_row0 + r] = m;
+          p.partial_sum[partial_row0 + r] = z;
+          if (z != 0.0f) scale = __fdiv_rn(bmm2_scale_of(p), z);
         }
-        if (dst != nullptr) {
-          SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, cols * 2);
-        }
-        tma_store_arrive();
+        smem.out_scale[r] = scale;
       }
-      out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
+      // NOTE: consumer 0's out_scale stores reach both warpgroups (the writer syncs itself first,
+      // as above).
+      if (cw == 0) named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kLocalFirst), 128);
+      named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                       Traits::kConsumerThreads);
+      uint8_t* staged = reinterpret_cast<uint8_t*>(smem.q);
+      {
+        float scale[2];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) scale[s] = smem.out_scale[my_row[s]];
+        CUTE_UNROLL
+        for (int v = 0; v < size(tOrO); v += 2) {
+          const float f =
+              scale[(v >> 1) & 1];  // NOTE: a row without a key gets 0, whatever O holds
+          const int r = get<0>(tOcO(v)), c = cw * Traits::kColsPerWg + get<1>(tOcO(v));
+          *reinterpret_cast<uint32_t*>(staged + r * Traits::kOutPitch + c * 2) =
+              pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v + 1) * f : 0.0f);
+        }
+      }
+      // Both warpgroups' staged rows are read across warpgroups (the bulk copies of consumer 0's
+      // threads, or every thread's 16-byte pieces): each syncs itself first, as above.
+      sync_local();
+      if (!w.whole || p.out_vec16) {
+        fence_proxy_async_smem();  // the staged rows, for the bulk copies
+        named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                         Traits::kConsumerThreads);
+        if (ctid < kRows) {
+          uint16_t* dst = nullptr;
+          int cols = Traits::kL;  // partial rows are 512 wide whatever L is (route.h)
+          if (w.whole) {
+            const int64_t o = smem.out_row[ctid];
+            if (o >= 0) dst = static_cast<uint16_t*>(p.out) + o;
+            cols = p.kv_lora_rank;
+          } else if (ctid < tile_rows) {
+            dst = static_cast<uint16_t*>(p.partial_o) + (partial_row0 + ctid) * Traits::kL;
+          }
+          if (dst != nullptr) {
+            SM90_BULK_COPY_S2G::copy(staged + ctid * Traits::kOutPitch, dst, cols * 2);
+          }
+          tma_store_arrive();
+        }
+        out_copies_pending = true;  // the next query tile waits for them (set_out_row's hook)
+      } else {
+        named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                         Traits::kConsumerThreads);
+        constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row (L 512; fewer below)
+        for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
+          const int r = e / kPieces, piece = e - r * kPieces;
+          const int64_t o = smem.out_row[r];
+          if (o >= 0 && piece * 8 < p.kv_lora_rank) {
+            store_out8(
+                p, o + piece * 8,
+                *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
+          }
+        }
+        // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
+        // barrier in load_query_tile_rows.
+      }
+    }  // segments
+    // The shared memory the last out rows are copied from stays until they have been read.
+    if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
+  };
+  if constexpr (kSplitConsumers) {
+    static_assert(136 + 208 + 160 <= 3 * 168, "registers the CTA holds at launch");
+    if (wg == 1) {
+      tma::regs_alloc<208>();
+      consumers(std::integral_constant<int, 0>{});
     } else {
-      named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-      constexpr int kPieces = Traits::kL / 8;  // 16-byte pieces per row (L 512; fewer below)
-      for (int e = ctid; e < tile_rows * kPieces; e += Traits::kConsumerThreads) {
-        const int r = e / kPieces, piece = e - r * kPieces;
-        const int64_t o = smem.out_row[r];
-        if (o >= 0 && piece * 8 < p.kv_lora_rank) {
-          store_out8(p, o + piece * 8,
-                     *reinterpret_cast<const uint4*>(staged + r * Traits::kOutPitch + piece * 16));
-        }
-      }
-      // NOTE: the staged bytes are the next segment's query tile, whose stores come after the
-      // barrier in load_query_tile_rows.
+      tma::regs_dealloc<160>();
+      consumers(std::integral_constant<int, 1>{});
     }
-  }  // segments
-  // The shared memory the last out rows are copied from stays until they have been read.
-  if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
+  } else {
+    tma::regs_alloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kConsumer>();
+    consumers(std::integral_constant<int, -1>{});
+  }
 }
 
 template <Elem E>
@@ -1153,6 +1216,14 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   const bool token_rows = rows < params.num_tokens;
   auto* kernel = token_rows ? &seesaw_kernel<Q, KV, false, false, false, true, true>
                             : &seesaw_kernel<Q, KV, false, false, false, true, false>;
+  if constexpr (KV == Elem::kFp8DsMla) {
+    // Unpaired fp8_ds_mla splits of few blocks: the landing path (kShortSplits).
+    const int blocks = (params.top_k + kBlockKeys - 1) / kBlockKeys;
+    const int splits = params.num_splits > 0 ? params.num_splits : 1;
+    if (!token_rows && (blocks + splits - 1) / splits < kAheadMinBlocks) {
+      kernel = &seesaw_kernel<Q, KV, false, false, false, true, false, false, true>;
+    }
+  }
   if constexpr (kPairs) {
     if (pair) {
       kernel = token_rows ? &seesaw_kernel<Q, KV, false, true, false, true, true>

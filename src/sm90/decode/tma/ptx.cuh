@@ -306,14 +306,27 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 
 // ---- barriers and fences ----
 
-// Named barrier `id` over `count` threads (a multiple of 32).
+// Named barrier `id` over `count` threads (a multiple of 32). kAligned: every thread that takes
+// part runs this same instruction (`bar.sync`); else warps may reach the barrier from different
+// code (`barrier.sync`, as two copies of a loop that sync with each other do).
+template <bool kAligned = true>
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+  if constexpr (kAligned) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+  } else {
+    asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+  }
 }
 
-// Arrives at named barrier `id` over `count` threads without waiting (the other side syncs).
+// Arrives at named barrier `id` over `count` threads without waiting (the other side syncs);
+// kAligned as for named_barrier_sync.
+template <bool kAligned = true>
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+  if constexpr (kAligned) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+  } else {
+    asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+  }
 }
 
 // Named barrier that also returns the AND of `pred` over its `count` threads.
