@@ -110,7 +110,7 @@ inline constexpr Elem kSeesawCompute =
     kScaledSeesawQuery<Q, KV, kSparse> ? Elem::kFp16 : tma::Formats<Q, KV>::kCompute;
 
 // The fewest blocks a split of an unpaired sparse call over fp8_ds_mla rows has for its rows to be
-// loaded a block ahead (kAheadUnpaired): B128 H64, one split of 32 blocks, -8%; B16 H64, eight
+// loaded a block ahead (kAheadUnpaired): B128 H64, one split of 32 blocks, -7%; B16 H64, eight
 // splits of 4, +11% (docs/perf-notes.md, Change 99).
 inline constexpr int kAheadMinBlocks = 16;
 
