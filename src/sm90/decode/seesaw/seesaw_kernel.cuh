@@ -321,7 +321,8 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     // 0 .. kRows - 1 issue: the next query tile waits for them to have read their rows.
     bool out_copies_pending = false;
     const bool query_tma = kQueryTma && p.query_tma != 0;
-    uint32_t q_phase = 0;  // q_full's phase: one per query tile loaded through the tensor map
+    // q_full's phase: one per query tile loaded through the tensor map (kQueryTma only).
+    [[maybe_unused]] uint32_t q_phase = 0;
     if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
     Cursor cursor;
     cursor.begin(p);
