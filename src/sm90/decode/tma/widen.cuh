@@ -11,23 +11,9 @@
 
 namespace mla::sm90::tma {
 
-// Two e4m3 values (the first in the low byte) as two 16-bit values of T (bf16 or fp16, the first
-// in the low half). Exact: every e4m3 value, NaN included, is a value of both.
-template <typename T>
-__device__ __forceinline__ uint32_t widen_e4m3x2(uint16_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
-  if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  } else {
-    static_assert(std::is_same_v<T, __nv_bfloat16>, "16-bit element types");
-    const float2 f = __half22float2(__half2(h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *reinterpret_cast<const uint32_t*>(&b);
-  }
-}
-
-// The e4m3 pair in half `kHigh` of `word` as two fp16 values (widen_e4m3x2<__half> of that half):
-// the cvt reads the half through F2FP's half selector, so the high half needs no shift.
+// The e4m3 pair in half `kHigh` of `word` (the first value in the half's low byte) as two fp16
+// values, the first in the low half: the cvt reads the half through F2FP's half selector, so the
+// high half needs no shift. Exact: every e4m3 value, NaN included, is a value of fp16 and bf16.
 template <bool kHigh>
 __device__ __forceinline__ uint32_t widen_e4m3x2_half_of(uint32_t word) {
   uint32_t y;
@@ -43,8 +29,8 @@ __device__ __forceinline__ uint32_t widen_e4m3x2_half_of(uint32_t word) {
   return y;
 }
 
-// The e4m3 pair in half `kHigh` of `word` as two values of T (widen_e4m3x2<T> of that half),
-// read through the cvt's half selector: no shift for the high half.
+// The e4m3 pair in half `kHigh` of `word` as two values of T (bf16 or fp16), exactly
+// (widen_e4m3x2_half_of, then to bf16 through fp32).
 template <typename T, bool kHigh>
 __device__ __forceinline__ uint32_t widen_e4m3x2_of(uint32_t word) {
   const uint32_t h = widen_e4m3x2_half_of<kHigh>(word);
@@ -72,18 +58,9 @@ __device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint4& lo, uint4& 
   hi = widen_e4m3x8<T>(make_uint2(v.z, v.w));
 }
 
-// Two e4m3 values times `scale` as two bf16 values (the fp8_ds_mla cache): the product rounds to
-// fp32, then to bf16, within 2^-9 + 2^-23 of the exact product (tests/common/fp8_ds_mla.h).
-__device__ __forceinline__ uint32_t widen_scaled_e4m3x2(uint16_t two, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  uint32_t word;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(word) : "f"(f.y * scale), "f"(f.x * scale));
-  return word;
-}
-
-// widen_scaled_e4m3x2 of the pair in half `kHigh` of `word`, read through the cvt's half
-// selector (no shift for the high half).
+// The e4m3 pair in half `kHigh` of `word` times `scale` as two bf16 values (the fp8_ds_mla
+// cache): the product rounds to fp32, then to bf16, within 2^-9 + 2^-23 of the exact product
+// (tests/common/fp8_ds_mla.h).
 template <bool kHigh>
 __device__ __forceinline__ uint32_t widen_scaled_e4m3x2_of(uint32_t word, float scale) {
   const uint32_t h = widen_e4m3x2_half_of<kHigh>(word);
