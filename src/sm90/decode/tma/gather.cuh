@@ -648,24 +648,28 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
            (u & static_cast<uint32_t>(p.page_size - 1)) * p.kv_row16;
   };
   auto load_left = [&](const int(&e)[kRows]) {
+    const uint8_t* base[kRows];
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const uint8_t* base = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
+      base[k] = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        left[k][c] = base != nullptr ? ld_row_8(base + 64 * c + 8 * unit) : zero;
+        left[k][c] = base[k] != nullptr ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
       }
     }
-    // kPair, fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half
-    // a block before load_right reads them. Every load shares one scoreboard, so the first use of
-    // any loaded value, at the next block's start, waits for load_right's loads issued just
-    // before it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels
-    // under Nsight Compute after Change 90). The lane of unit u asks for the line
-    // 256 + 128 (u % 4) bytes into row u / 4 of its two (the rows end at 656 bytes). Per-tensor
-    // rows (576 bytes) and the unpaired gathers measured no gain from it (Changes 93, 94).
-    if constexpr (kPair && G::kDsMla) {
-      const int e_ask = (unit & 4) == 0 ? e[0] : e[1];
-      if (e_ask >= 0) prefetch_l2(row_at(p, row16_of(e_ask)) + 256 + 128 * (unit & 3));
+    // fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a block
+    // before load_right reads them. Every load shares one scoreboard, so the first use of any
+    // loaded value, at the next block's start, waits for load_right's loads issued just before
+    // it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels under
+    // Nsight Compute after Change 90, and Change 101). The lane of unit u asks for the line
+    // 256 + 128 (u % 4) bytes into row u / 4 of each two of its rows (the rows end at 656 bytes).
+    // Per-tensor rows (576 bytes) measured no gain from it (Changes 93, 95).
+    if constexpr (G::kDsMla) {
+#pragma unroll
+      for (int j = 0; j < kRows / 2; ++j) {
+        const uint8_t* ask = (unit & 4) == 0 ? base[2 * j] : base[2 * j + 1];
+        if (ask != nullptr) prefetch_l2(ask + 256 + 128 * (unit & 3));
+      }
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
