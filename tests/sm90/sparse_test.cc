@@ -54,7 +54,10 @@ struct SparseCase {
   Case c;
   bool ds_mla = false;  // the fp8_ds_mla cache (c holds a bf16 query and a bf16 kv_dtype)
   Kernel kernel = Kernel::kFewRows;
-  int min_splits = 1;    // the route splits each token's entries at least this often
+  int min_splits = 1;  // the route splits each token's entries at least this often
+  // Each split runs at least this many blocks of top_k (the seesaw kernel's unpaired fp8_ds_mla
+  // rows then load a block ahead: seesaw::kAheadMinBlocks).
+  int min_split_blocks = 0;
   bool ordered = false;  // the route starts the tokens longest first (params.h, sparse_order)
 };
 
@@ -150,6 +153,9 @@ void expect_route(const Route& r, const SparseCase& s) {
     EXPECT_EQ(r.pair, r.tiles == 2 && e4m3_rows && !unpaired) << "pair";
   }
   EXPECT_GE(r.layout.splits, s.min_splits);
+  const int64_t blocks = (s.c.top_k + 63) / 64;
+  EXPECT_GE((blocks + r.layout.splits - 1) / r.layout.splits, s.min_split_blocks)
+      << "blocks a split";
   if (s.ordered) {
     EXPECT_GT(r.layout.order_offset, 0) << "tokens ordered by counted blocks";
   }
@@ -201,6 +207,22 @@ std::vector<SparseCase> block_cases() {
   add(with_format(sparse(2, 128, 1, 2048, {2048, 5000}, 64), Format::kDsMla))->min_splits = 2;
   add(with_format(sparse(3, 128, 1, 64, {100, 64, 63}, 16), Format::kFp8));
   add(with_format(sparse(3, 96, 2, 128, {1000, 129, 127}, 1), Format::kBf16Fp8));
+  // The seesaw kernel's unpaired fp8_ds_mla rows loaded ahead (64 heads, one split of 16 blocks
+  // and more): requests shorter than top_k, partial blocks, lens per token or request; with more
+  // CTAs than SMs, started longest first.
+  auto ahead = [&](int B, int q_len, int page_size, TopkLens lens) {
+    std::vector<int> seq_lens;
+    for (int b = 0; b < B; ++b)
+      seq_lens.push_back(b % 7 == 0 ? 300 + 13 * b : 1024 + 29 * b % 1500);
+    SparseCase* s = add(
+        with_format(sparse(B, 64, q_len, 1024, std::move(seq_lens), page_size), Format::kDsMla));
+    s->c.topk_lens = lens;
+    s->min_split_blocks = 16;
+    s->ordered = B * q_len > 132 && lens != TopkLens::kNone;
+  };
+  ahead(70, 1, 64, TopkLens::kNone);
+  ahead(35, 2, 16, TopkLens::kPerToken);
+  ahead(140, 1, 64, TopkLens::kPerRequest);
   // The few-rows kernel's rows loaded ahead (e4m3 rows, 16 padded rows): splits, partial blocks.
   add(with_format(sparse(1, 16, 1, 2048, {3000}, 64), Format::kDsMla))->min_splits = 2;
   add(with_format(sparse(3, 8, 2, 64, {100, 64, 63}, 16), Format::kFp8));

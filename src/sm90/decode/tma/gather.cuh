@@ -647,14 +647,19 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     return (u >> p.page_shift) * p.kv_page16 +
            (u & static_cast<uint32_t>(p.page_size - 1)) * p.kv_row16;
   };
+  // Entry e's row (null for e < 0). The loads below are predicated on e >= 0 itself, not on the
+  // address: predicated on a null test of it, ptxas zeroed the address register for e < 0 and
+  // tested it a few cycles later, and a build with the prefetch below read the rows of -1
+  // entries from address 0 (docs/perf-notes.md, Change 101).
+  auto row_of = [&](int e) { return e >= 0 ? row_at(p, row16_of(e)) : nullptr; };
   auto load_left = [&](const int(&e)[kRows]) {
     const uint8_t* base[kRows];
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      base[k] = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
+      base[k] = row_of(e[k]);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        left[k][c] = base[k] != nullptr ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
+        left[k][c] = e[k] >= 0 ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
       }
     }
     // fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a block
@@ -665,18 +670,20 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     // 256 + 128 (u % 4) bytes into row u / 4 of each two of its rows (the rows end at 656 bytes).
     // Per-tensor rows (576 bytes) measured no gain from it (Changes 93, 95).
     if constexpr (G::kDsMla) {
+      const bool second = (unit & 4) != 0;
 #pragma unroll
       for (int j = 0; j < kRows / 2; ++j) {
-        const uint8_t* ask = (unit & 4) == 0 ? base[2 * j] : base[2 * j + 1];
-        if (ask != nullptr) prefetch_l2(ask + 256 + 128 * (unit & 3));
+        if ((second ? e[2 * j + 1] : e[2 * j]) >= 0) {
+          prefetch_l2((second ? base[2 * j + 1] : base[2 * j]) + 256 + 128 * (unit & 3));
+        }
       }
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
-      const uint8_t* base = e[k] >= 0 ? row_at(p, row16_of(e[k])) : nullptr;
-      const bool ok = base != nullptr;
+      const uint8_t* base = row_of(e[k]);
+      const bool ok = e[k] >= 0;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         right[k][c] = ok && dims.upper ? ld_row_8(base + 64 * (c + 4) + 8 * unit) : zero;
