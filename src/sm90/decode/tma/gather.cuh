@@ -647,11 +647,14 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     return (u >> p.page_shift) * p.kv_page16 +
            (u & static_cast<uint32_t>(p.page_size - 1)) * p.kv_row16;
   };
-  // Entry e's row (null for e < 0). The loads below are predicated on e >= 0 itself, not on the
-  // address: predicated on a null test of it, ptxas zeroed the address register for e < 0 and
-  // tested it a few cycles later, and a build with the prefetch below read the rows of -1
-  // entries from address 0 (docs/perf-notes.md, Change 101).
+  // Entry e's row (null for e < 0), and whether it is loaded. Unpaired: by the entry's own test,
+  // so that the address is computed under that predicate alone; with a null test of the address
+  // instead, ptxas zeroed the address register for e < 0 and tested it a few cycles later, and an
+  // unpaired build with the prefetch below read the rows of -1 entries from address 0. The pair
+  // keeps the null test: its loop with the entry's test ran 1 to 2% slower (docs/perf-notes.md,
+  // Change 101).
   auto row_of = [&](int e) { return e >= 0 ? row_at(p, row16_of(e)) : nullptr; };
+  auto has_row = [](int e, const uint8_t* base) { return kPair ? base != nullptr : e >= 0; };
   auto load_left = [&](const int(&e)[kRows]) {
     const uint8_t* base[kRows];
 #pragma unroll
@@ -659,7 +662,7 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       base[k] = row_of(e[k]);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        left[k][c] = e[k] >= 0 ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
+        left[k][c] = has_row(e[k], base[k]) ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
       }
     }
     // fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a block
@@ -673,7 +676,10 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       const bool second = (unit & 4) != 0;
 #pragma unroll
       for (int j = 0; j < kRows / 2; ++j) {
-        if ((second ? e[2 * j + 1] : e[2 * j]) >= 0) {
+        const int e_ask = second ? e[2 * j + 1] : e[2 * j];
+        if constexpr (kPair) {
+          if (e_ask >= 0) prefetch_l2(row_of(e_ask) + 256 + 128 * (unit & 3));
+        } else if (e_ask >= 0) {
           prefetch_l2((second ? base[2 * j + 1] : base[2 * j]) + 256 + 128 * (unit & 3));
         }
       }
@@ -683,7 +689,7 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       const uint8_t* base = row_of(e[k]);
-      const bool ok = e[k] >= 0;
+      const bool ok = has_row(e[k], base);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         right[k][c] = ok && dims.upper ? ld_row_8(base + 64 * (c + 4) + 8 * unit) : zero;
