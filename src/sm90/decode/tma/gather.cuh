@@ -650,9 +650,9 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   // Entry e's row (null for e < 0), and whether it is loaded. Unpaired: by the entry's own test,
   // so that the address is computed under that predicate alone; with a null test of the address
   // instead, ptxas zeroed the address register for e < 0 and tested it a few cycles later, and an
-  // unpaired build with the prefetch below read the rows of -1 entries from address 0. The pair
-  // keeps the null test: its loop with the entry's test ran 1 to 2% slower (docs/perf-notes.md,
-  // Change 101).
+  // unpaired build with the prefetch below loaded from address 0, the null address of -1
+  // entries. The pair keeps the null test: its loop with the entry's test ran 1 to 2% slower
+  // (docs/perf-notes.md, Change 101).
   auto row_of = [&](int e) { return e >= 0 ? row_at(p, row16_of(e)) : nullptr; };
   auto has_row = [](int e, const uint8_t* base) { return kPair ? base != nullptr : e >= 0; };
   auto load_left = [&](const int(&e)[kRows]) {
