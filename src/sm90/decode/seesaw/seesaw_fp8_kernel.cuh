@@ -30,6 +30,7 @@
 #include "sm90/common.cuh"
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"  // the e4m3 fragment helpers
 #include "sm90/decode/output.cuh"
+#include "sm90/decode/seesaw/row_max.cuh"
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
@@ -349,18 +350,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         float block_max[2] = {kNegInf, kNegInf};
         bool neg_inf[2] = {false, false};
         if (unmasked) {
-          float abs_max = 0.0f;
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) {
-            block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
-            abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
-          }
-          if (abs_max == kInf) {
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) {
-              neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
-            }
-          }
+          unmasked_block_max(tSrS, block_max, neg_inf);
         } else {
           CUTE_UNROLL
           for (int v = 0; v < size(tSrS); ++v) {

@@ -41,6 +41,7 @@
 #include "sm90/common.cuh"
 #include "sm90/decode/output.cuh"
 #include "sm90/decode/seesaw/launch.h"
+#include "sm90/decode/seesaw/row_max.cuh"
 #include "sm90/decode/seesaw/traits.h"
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/fp8_ring.cuh"
@@ -582,18 +583,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
           float block_max[2] = {kNegInf, kNegInf};
           bool neg_inf[2] = {false, false};  // an attended score of -inf: the row turns NaN
           if (unmasked) {
-            float abs_max = 0.0f;
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) {
-              block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], tSrS(v));
-              abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
-            }
-            if (abs_max == kInf) {
-              CUTE_UNROLL
-              for (int v = 0; v < size(tSrS); ++v) {
-                neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
-              }
-            }
+            unmasked_block_max(tSrS, block_max, neg_inf);
           } else {
             CUTE_UNROLL
             for (int v = 0; v < size(tSrS); ++v) {
@@ -763,19 +753,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
             // flag per score cost the hot shapes 2-4%); masked, a predicate per row.
             bool neg_inf[2] = {false, false};
             if (unmasked) {
-              float abs_max = 0.0f;
-              CUTE_UNROLL
-              for (int v = 0; v < size(tSrS); ++v) {
-                const int slot = (v >> 1) & 1;
-                block_max[slot] = fmaxf(block_max[slot], tSrS(v));
-                abs_max = fmaxf(abs_max, fabsf(tSrS(v)));
-              }
-              if (abs_max == kInf) {
-                CUTE_UNROLL
-                for (int v = 0; v < size(tSrS); ++v) {
-                  neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || tSrS(v) == kNegInf;
-                }
-              }
+              unmasked_block_max(tSrS, block_max, neg_inf);
             } else {
               CUTE_UNROLL
               for (int v = 0; v < size(tSrS); ++v) {
