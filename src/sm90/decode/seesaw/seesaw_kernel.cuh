@@ -115,6 +115,21 @@ inline constexpr Elem kSeesawCompute =
 // splits of 4, +11% (docs/perf-notes.md, Change 99).
 inline constexpr int kAheadMinBlocks = 16;
 
+// An unpaired sparse call over fp8_ds_mla rows, a token a CTA row (64 heads or fewer a token, or
+// pairs not resident), of long splits (kAheadUnpaired in seesaw_kernel): its rows are loaded a
+// block ahead into registers by two producer warpgroups, half the rows each, beside the two
+// consumers: 512 threads, whose register target (128) caps single instructions, so the consumers'
+// P V runs as two wgmmas of N = 128 a k step (SeesawTraits' kPvN).
+template <Elem KV, bool kPair, bool kSparse, bool kTokenRows, bool kShortSplits>
+inline constexpr bool kAheadUnpairedOf =
+    kSparse && !kPair && !kTokenRows && !kShortSplits && KV == Elem::kFp8DsMla;
+// The CTA's threads: a producer warpgroup (two where rows are loaded ahead unpaired) and the two
+// consumer warpgroups.
+template <Elem Q, Elem KV, bool kPair, bool kSparse, bool kTokenRows, bool kShortSplits>
+inline constexpr int kSeesawThreads = kAheadUnpairedOf<KV, kPair, kSparse, kTokenRows, kShortSplits>
+                                          ? 512
+                                          : SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads;
+
 // Q, KV: the query's and kv_cache's formats (tma::Formats): an e4m3 cache is widened in shared
 // memory by the producer warpgroup (tma/fp8_ring.cuh), an e4m3 query as its tile loads, a bf16
 // query over it scaled into fp16 (kScaledSeesawQuery).
@@ -130,15 +145,23 @@ inline constexpr int kAheadMinBlocks = 16;
 // gathered on the landing path (kAheadUnpaired below).
 template <Elem Q, Elem KV, bool kDirect, bool kPair, bool kClean, bool kSparse = false,
           bool kTokenRows = false, bool kEvictFirst = false, bool kShortSplits = false>
-__global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::kThreads, 1)
-    seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
-                  const __grid_constant__ CUtensorMap kv_map,
-                  const __grid_constant__ CUtensorMap q_map) {
+__global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenRows, kShortSplits>),
+                                  1) seesaw_kernel(const __grid_constant__ DecodeKernelParams p,
+                                                   const __grid_constant__ CUtensorMap kv_map,
+                                                   const __grid_constant__ CUtensorMap q_map) {
   using namespace cute;
   using F = tma::Formats<Q, KV>;
   // A bf16 query over an e4m3 cache: fp16 GEMMs over the query scaled per row.
   constexpr bool kScaledQuery = kScaledSeesawQuery<Q, KV, kSparse>;
-  using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>>;
+  // An unpaired sparse call over fp8_ds_mla rows, a token a CTA row (64 heads or fewer a token, or
+  // pairs not resident), of long splits: two producer warpgroups (0 and 3) load each block's rows
+  // one block ahead into registers, 32 rows each (tma::gather_ahead_blocks, kHalfRows, 72
+  // registers), consumer 0 keeps 208 and consumer 1, which only applies P V_R, runs its own copy
+  // of the loop at 160 (kSplitConsumers); P V in wgmmas of N = 128 (kAheadUnpairedOf). Splits of
+  // few blocks (kShortSplits) keep the landing path, which starts a split sooner.
+  constexpr bool kAheadUnpaired = kAheadUnpairedOf<KV, kPair, kSparse, kTokenRows, kShortSplits>;
+  constexpr int kProducers = kAheadUnpaired ? 2 : 1;  // producer warpgroups
+  using Traits = SeesawTraits<kSeesawCompute<Q, KV, kSparse>, kAheadUnpaired ? 128 : 256>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   using Cursor = std::conditional_t<
@@ -150,13 +173,6 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   constexpr bool kGather = kSparse || KV == Elem::kFp8DsMla;
   // kPair with kSparse: a token's two tiles gather e4m3 rows as a pair (tma::gather_ahead_blocks).
   constexpr bool kGatherPair = kGather && kPair;
-  // An unpaired sparse call over fp8_ds_mla rows, a token a CTA row (64 heads or fewer a token, or
-  // pairs not resident), of long splits: the producer loads each block's 64 rows one block ahead
-  // into registers (tma::gather_ahead_blocks, 136 registers), consumer 0 keeps 208 and consumer 1,
-  // which only applies P V_R, runs its own copy of the loop at 160 (kSplitConsumers). Splits of
-  // few blocks (kShortSplits) keep the landing path, which starts a split sooner.
-  constexpr bool kAheadUnpaired =
-      kSparse && !kPair && !kTokenRows && !kShortSplits && KV == Elem::kFp8DsMla;
   constexpr bool kGatherAhead = kGatherPair || kAheadUnpaired;
   constexpr bool kSplitConsumers = kAheadUnpaired;
   // The consumers' named barriers: reached from two copies of their loop where kSplitConsumers.
@@ -194,7 +210,7 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   }
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kGatherAhead) {
-    tma::init_gather_ahead_barriers<Traits, KV, kPair>(smem);
+    tma::init_gather_ahead_barriers<Traits, KV, kPair, kProducers>(smem);
   } else if constexpr (kGather) {
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
@@ -208,11 +224,11 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
   // (from threadIdx.x / 128, ~4 R2UR and the descriptor arithmetic came before every wgmma:
   // docs/sm90-seesaw.md, Resources).
   const int wg = cutlass::canonical_warp_group_idx();
-  if (wg == 0) {
-    // ---- producer warpgroup: every segment's blocks through one ring; lane 0 of warp q issues
+  if (wg == 0 || (kProducers == 2 && wg == 3)) {
+    // ---- producer warpgroup(s): every segment's blocks through one ring; lane 0 of warp q issues
     // page piece q ----
     if constexpr (kAheadUnpaired) {
-      tma::regs_dealloc<136>();
+      tma::regs_dealloc<72>();
     } else {
       tma::regs_dealloc<tma::RegisterSplit<Traits, kWideProducer, kGatherPair>::kProducer>();
     }
@@ -220,7 +236,12 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
       uint32_t used0, used1;
       tma::walk_segments<Cursor>(
           p, used0, used1, [&](const tma::TileWork& w, uint32_t u0, uint32_t u1) {
-            tma::gather_ahead_blocks<Traits, KV, kPair>(p, w, smem, threadIdx.x, u0, u1, rank);
+            if constexpr (kAheadUnpaired) {
+              tma::gather_ahead_blocks<Traits, KV, false, true>(p, w, smem, threadIdx.x & 127, u0,
+                                                                u1, wg == 0 ? 0u : 1u);
+            } else {
+              tma::gather_ahead_blocks<Traits, KV, kPair>(p, w, smem, threadIdx.x, u0, u1, rank);
+            }
           });
       if constexpr (kPair) tma::drain_pair_ring<Traits>(smem, used0, used1);
       return;
@@ -1106,12 +1127,13 @@ __global__ void __launch_bounds__(SeesawTraits<tma::Formats<Q, KV>::kCompute>::k
     if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
   };
   if constexpr (kSplitConsumers) {
-    static_assert(136 + 208 + 160 <= 3 * 168, "registers the CTA holds at launch");
+    // 512 threads at 128 registers each at launch (__launch_bounds__).
+    static_assert(2 * 72 + 208 + 160 <= 4 * 128, "registers the CTA holds at launch");
     if (wg == 1) {
       tma::regs_alloc<208>();
       consumers(std::integral_constant<int, 0>{});
     } else {
-      tma::regs_dealloc<160>();
+      tma::regs_alloc<160>();
       consumers(std::integral_constant<int, 1>{});
     }
   } else {
@@ -1195,26 +1217,31 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   const bool token_rows = rows < params.num_tokens;
   auto* kernel = token_rows ? &seesaw_kernel<Q, KV, false, false, false, true, true>
                             : &seesaw_kernel<Q, KV, false, false, false, true, false>;
+  // The unpaired instantiation without token rows or short splits: its rows loaded ahead by two
+  // producer warpgroups where KV is fp8_ds_mla (kSeesawThreads).
+  int threads = token_rows ? Traits::kThreads : kSeesawThreads<Q, KV, false, true, false, false>;
   if constexpr (KV == Elem::kFp8DsMla) {
     // Unpaired fp8_ds_mla splits of few blocks: the landing path (kShortSplits).
     const int blocks = (params.top_k + kBlockKeys - 1) / kBlockKeys;
     const int splits = params.num_splits > 0 ? params.num_splits : 1;
     if (!token_rows && (blocks + splits - 1) / splits < kAheadMinBlocks) {
       kernel = &seesaw_kernel<Q, KV, false, false, false, true, false, false, true>;
+      threads = Traits::kThreads;
     }
   }
   if constexpr (kPairs) {
     if (pair) {
       kernel = token_rows ? &seesaw_kernel<Q, KV, false, true, false, true, true>
                           : &seesaw_kernel<Q, KV, false, true, false, true, false>;
+      threads = Traits::kThreads;
     }
   }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
-  return launch_in_clusters(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, pair ? 2u : 1u,
-                            params, unused, unused);
+  return launch_in_clusters(kernel, grid, dim3(threads), smem, stream, pdl, pair ? 2u : 1u, params,
+                            unused, unused);
 }
 
 }  // namespace mla::sm90::seesaw

@@ -515,7 +515,9 @@ __device__ __forceinline__ void gather_rows_bulk(const DecodeKernelParams& p, co
 //   each unit into its own stage and, with st.async, into the other CTA's (which completes that
 //   CTA's full barrier by bytes). Each row crosses from L2 once and each CTA's producer widens
 //   half the rows. No producer thread fences: the consumers fence after their waits.
-// - unpaired (the few-rows kernel's sparse calls): the CTA gathers all 64 rows, four a lane.
+// - unpaired: the few-rows kernel's sparse calls gather all 64 rows in one producer warpgroup,
+//   four a lane; the seesaw kernel's (kHalfRows) in two, two rows a lane each (rows
+//   32 rank .. 32 rank + 31, as a pair's ranks), into the CTA's own stages only.
 
 // How the producer threads publish a chunk of gather_ahead_blocks:
 // - fp8_ds_mla (kEachArrives): every producer thread arrives on the chunk's full barrier after
@@ -535,13 +537,17 @@ inline constexpr int kSlotChunk = 4;
 // kPair: the first arrival also expects the other CTA's 4 KB of the chunk, and chunk
 // kSlotChunk's the other CTA's 128 bytes of entries too, and those bytes); a stage is refilled
 // once the consumer warps (kPair: of both CTAs) have released it.
-template <typename Traits, Elem KV, bool kPair>
+// kProducers: the producer warpgroups (two split each block's rows: gather_ahead_blocks'
+// kHalfRows), whose threads all arrive (kEachArrives).
+template <typename Traits, Elem KV, bool kPair, int kProducers = 1>
 __device__ __forceinline__ void init_gather_ahead_barriers(
     typename Traits::SharedMemoryPlan& smem) {
+  static_assert(kProducers == 1 || (!kPair && kEachArrives<KV>),
+                "two producer warpgroups: unpaired fp8_ds_mla rows");
   if (threadIdx.x == 0) {
     for (int s = 0; s < Traits::kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) {
-        mbar_init(&smem.full[s][c], kEachArrives<KV>  ? 128
+        mbar_init(&smem.full[s][c], kEachArrives<KV>  ? 128 * kProducers
                                     : c == kSlotChunk ? 4 * kSlotWriters
                                                       : 4);
       }
@@ -563,25 +569,30 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
 // into stage it % 2 (phases from used0 and used1 as in produce_chunks); `tid` 0..127 over the
 // producer warpgroup. Lane l of warp w holds unit l % 8 (e4m3 columns 8 (l % 8) .. + 7 of every
 // chunk, bf16 units for fp8_ds_mla's rope) of rows 8 w + l / 8 and 8 w + 4 + l / 8 of each 32-row
-// group of a block (kPair: group `rank`; else both). Keys past w.extent and entries of -1 land as
-// zeros. The chunks are published without a proxy fence where the consumers fence after their
-// waits (kPair, or p.consumer_fence): a fence here waits for this thread's loads of the next block
-// in flight (docs/sm90-sparse.md, The proxy fence on the consumers' side).
-// NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is stored (in both
-// CTAs) before anything waits for block it's stage, and the loads ahead wait for nothing.
-template <typename Traits, Elem KV, bool kPair>
+// group of a block (kHalfRows: group `rank`; else both). kHalfRows without kPair: the CTA's two
+// producer warpgroups (rank: which) each gather half of every block into the CTA's own stages. Keys
+// past w.extent and entries of -1 land as zeros. The chunks are published without a proxy fence
+// where the consumers fence after their waits (kPair, or p.consumer_fence): a fence here waits for
+// this thread's loads of the next block in flight (docs/sm90-sparse.md, The proxy fence on the
+// consumers' side). NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is
+// stored (in both CTAs) before anything waits for block it's stage, and the loads ahead wait for
+// nothing.
+template <typename Traits, Elem KV, bool kPair, bool kHalfRows = kPair>
 __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p, const TileWork& w,
                                                     typename Traits::SharedMemoryPlan& smem,
                                                     int tid, uint32_t used0, uint32_t used1,
                                                     uint32_t rank) {
   using G = GatherFormat<KV>;
   static_assert(G::kE4m3, "e4m3 rows");
+  static_assert(kHalfRows || !kPair, "a pair's CTAs gather half the rows each");
+  static_assert(kPair || !kHalfRows || kEachArrives<KV>,
+                "two producer warpgroups: every thread arrives");
   static_assert(Traits::kStages == 2 && Traits::kKeys == 64 && Traits::kChunks == 9,
                 "two stages of 64 keys x 9 chunks of 64 columns");
   using T16 =
       std::conditional_t<std::is_same_v<typename Traits::T, cute::half_t>, __half, __nv_bfloat16>;
   static_assert(!G::kDsMla || std::is_same_v<T16, __nv_bfloat16>, "fp8_ds_mla: bf16 GEMMs");
-  constexpr int kRows = kPair ? 2 : 4;  // rows of a block a lane holds
+  constexpr int kRows = kHalfRows ? 2 : 4;  // rows of a block a lane holds
   constexpr int kKeys = Traits::kKeys;
   constexpr uint32_t kChunkBytes = kKeys * 128;  // one 16-bit chunk region
   constexpr uint32_t kStageBytes = sizeof(smem.k[0]);
@@ -593,7 +604,8 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   uint32_t off[kRows];  // the lane's unit of the row in a chunk region (128-byte swizzle)
 #pragma unroll
   for (int k = 0; k < kRows; ++k) {
-    row[k] = 32 * (kPair ? static_cast<int>(rank) : k >> 1) + 8 * warp + 4 * (k & 1) + (lane >> 3);
+    row[k] =
+        32 * (kHalfRows ? static_cast<int>(rank) : k >> 1) + 8 * warp + 4 * (k & 1) + (lane >> 3);
     off[k] = row[k] * 128 + ((unit ^ (row[k] & 7)) << 4);
   }
   const bool slot_writer = unit == 0;  // writes its rows' entries (kPair: in both CTAs)
