@@ -576,7 +576,9 @@ __device__ __forceinline__ void init_gather_ahead_barriers(
 // this thread's loads of the next block in flight (docs/sm90-sparse.md, The proxy fence on the
 // consumers' side). NOTE: deadlock-free with the seesaw kernel's coupled consumers: block it - 1 is
 // stored (in both CTAs) before anything waits for block it's stage, and the loads ahead wait for
-// nothing.
+// nothing. The loads of block it + 1: kPair (and per-tensor e4m3 rows), its left parts mid-block
+// it and the rest at its end; unpaired fp8_ds_mla, its whole rows asked of L2 mid-block it and
+// loaded at its end (one wait on the loads a block, docs/perf-notes.md, Change 104).
 template <typename Traits, Elem KV, bool kPair, bool kHalfRows = kPair>
 __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p, const TileWork& w,
                                                     typename Traits::SharedMemoryPlan& smem,
@@ -662,9 +664,9 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
   // Entry e's row (null for e < 0), and whether it is loaded. Unpaired: by the entry's own test,
   // so that the address is computed under that predicate alone; with a null test of the address
   // instead, ptxas zeroed the address register for e < 0 and tested it a few cycles later, and an
-  // unpaired build with the prefetch below loaded from address 0, the null address of -1
-  // entries. The pair keeps the null test: its loop with the entry's test ran 1 to 2% slower
-  // (docs/perf-notes.md, Change 101).
+  // unpaired build with load_left's prefetch of the right parts (then unpaired too) loaded from
+  // address 0, the null address of -1 entries. The pair keeps the null test: its loop with the
+  // entry's test ran 1 to 2% slower (docs/perf-notes.md, Change 101).
   auto row_of = [&](int e) { return e >= 0 ? row_at(p, row16_of(e)) : nullptr; };
   auto has_row = [](int e, const uint8_t* base) { return kPair ? base != nullptr : e >= 0; };
   auto load_left = [&](const int(&e)[kRows]) {
@@ -677,24 +679,30 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
         left[k][c] = has_row(e[k], base[k]) ? ld_row_8(base[k] + 64 * c + 8 * unit) : zero;
       }
     }
-    // fp8_ds_mla: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a block
-    // before load_right reads them. Every load shares one scoreboard, so the first use of any
+    // fp8_ds_mla, kPair: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a
+    // block before load_right reads them (unpaired: prefetch_rows, below). Every load shares one
+    // scoreboard, so the first use of any
     // loaded value, at the next block's start, waits for load_right's loads issued just before
     // it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels under
     // Nsight Compute after Change 90, and Change 101). The lane of unit u asks for the line
     // 256 + 128 (u % 4) bytes into row u / 4 of each two of its rows (the rows end at 656 bytes).
     // Per-tensor rows (576 bytes) measured no gain from it (Changes 93, 95).
-    if constexpr (G::kDsMla) {
+    if constexpr (G::kDsMla && kPair) {
       const bool second = (unit & 4) != 0;
 #pragma unroll
       for (int j = 0; j < kRows / 2; ++j) {
         const int e_ask = second ? e[2 * j + 1] : e[2 * j];
-        if constexpr (kPair) {
-          if (e_ask >= 0) prefetch_l2(row_of(e_ask) + 256 + 128 * (unit & 3));
-        } else if (e_ask >= 0) {
-          prefetch_l2((second ? base[2 * j + 1] : base[2 * j]) + 256 + 128 * (unit & 3));
-        }
+        if (e_ask >= 0) prefetch_l2(row_of(e_ask) + 256 + 128 * (unit & 3));
       }
+    }
+  };
+  // Unpaired fp8_ds_mla: the whole of each of the lane's rows into L2, the lane of unit u asking
+  // for the line 128 u bytes into the row (u < 6: the 656 bytes of a row start on 16 bytes, so
+  // six lines 128 bytes apart hold them), half a block before load_left and load_right read them.
+  auto prefetch_rows = [&](const int(&e)[kRows]) {
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      if (e[k] >= 0 && unit < 6) prefetch_l2(row_of(e[k]) + 128 * unit);
     }
   };
   auto load_right = [&](const int(&e)[kRows]) {
@@ -773,7 +781,19 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
       }
       arrive(stage, c);
     }
-    if (it + 1 < num_blocks) load_left(own_next);
+    // Unpaired fp8_ds_mla: the next block's rows into L2 only, their loads after this block's
+    // right parts are stored (below). Every load shares one scoreboard, so a load of the left
+    // parts here made the right parts' first use wait for it (from DRAM), and it held 16 more
+    // registers over the right parts (the 64-head producers, at 72 registers, spilled one of them,
+    // and its reload waited for those loads as well; docs/perf-notes.md, Change 104).
+    constexpr bool kLoadsAtEnd = G::kDsMla && !kPair;
+    if (it + 1 < num_blocks) {
+      if constexpr (kLoadsAtEnd) {
+        prefetch_rows(own_next);
+      } else {
+        load_left(own_next);
+      }
+    }
     // Block it + 2's entries, half a block before the rotation below first uses them (at the
     // block's start, the first use of a loaded value would wait for them).
     own_entries(it + 2, own_far);
@@ -815,13 +835,16 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     arrive(stage, kRopeChunk);
     // The rotation before load_right: its moves wait for the loads in flight, which are then the
-    // left parts and entries issued half a block ago, not load_right's.
+    // entries (kPair: and the left parts) issued half a block ago, not load_right's.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       own[k] = own_next[k];
       own_next[k] = own_far[k];
     }
-    if (it + 1 < num_blocks) load_right(own);
+    if (it + 1 < num_blocks) {
+      if constexpr (kLoadsAtEnd) load_left(own);
+      load_right(own);
+    }
   }
 }
 
