@@ -681,12 +681,12 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     // fp8_ds_mla, kPair: the rest of the rows (chunks 4..7, the scales, the rope) into L2, half a
     // block before load_right reads them (unpaired: prefetch_rows, below). Every load shares one
-    // scoreboard, so the first use of any
-    // loaded value, at the next block's start, waits for load_right's loads issued just before
-    // it: from L2 rather than from DRAM (docs/perf-notes.md, The sparse seesaw kernels under
-    // Nsight Compute after Change 90, and Change 101). The lane of unit u asks for the line
-    // 256 + 128 (u % 4) bytes into row u / 4 of each two of its rows (the rows end at 656 bytes).
-    // Per-tensor rows (576 bytes) measured no gain from it (Changes 93, 95).
+    // scoreboard, so the first use of any loaded value, at the next block's start, waits for
+    // load_right's loads issued just before it: from L2 rather than from DRAM (docs/perf-notes.md,
+    // The sparse seesaw kernels under Nsight Compute after Change 90, and Change 101; a whole
+    // block ahead, from the block's start, measured slower: Change 106). The lane of unit u asks
+    // for the line 256 + 128 (u % 4) bytes into row u / 4 of each two of its rows (the rows end at
+    // 656 bytes). Per-tensor rows (576 bytes) measured no gain from it (Changes 93, 95).
     if constexpr (G::kDsMla && kPair) {
       const bool second = (unit & 4) != 0;
 #pragma unroll
