@@ -835,7 +835,8 @@ __device__ __forceinline__ void gather_ahead_blocks(const DecodeKernelParams& p,
     }
     arrive(stage, kRopeChunk);
     // The rotation before load_right: its moves wait for the loads in flight, which are then the
-    // entries (kPair: and the left parts) issued half a block ago, not load_right's.
+    // entries (and, but for unpaired fp8_ds_mla rows, the left parts) issued half a block ago, not
+    // load_right's.
 #pragma unroll
     for (int k = 0; k < kRows; ++k) {
       own[k] = own_next[k];
