@@ -163,6 +163,7 @@ std::string describe(const Route& r) {
   if (r.clean) s << " clean";
   if (r.sparse) s << " sparse";
   if (r.sparse_rows > 0) s << " token_rows=" << r.sparse_rows;
+  if (r.short_splits) s << " short_splits";
   if (r.sparse && r.layout.order_offset > 0) s << " ordered";
   if (r.combine) s << " combine";
   return s.str();
@@ -314,11 +315,25 @@ TEST(Sm90Route, SparseShapes) {
        "seesaw splits=2 tiles=2 pair sparse combine"},
       {"fp8 query and cache, B128 q2 H128: a pair, a split per token",
        dense(128, 128, 2).sparse(2048).dtypes(kFp8, kFp8), "seesaw splits=1 tiles=2 pair sparse"},
-      {"fp8_ds_mla, H64: one tile, unpaired", dense(4, 64, 1).sparse(2048).fp8_ds_mla(),
-       "seesaw splits=32 tiles=1 sparse combine"},
+      {"fp8_ds_mla, H64: one tile, unpaired; splits of one block on the landing path",
+       dense(4, 64, 1).sparse(2048).fp8_ds_mla(),
+       "seesaw splits=32 tiles=1 sparse short_splits combine"},
+      {"fp8_ds_mla, B128 H64: a split of 32 blocks, its rows loaded ahead",
+       dense(128, 64, 1).sparse(2048).fp8_ds_mla(), "seesaw splits=1 tiles=1 sparse"},
+      {"... contexts of at most 512 keys: 8 blocks a split, the landing path",
+       dense(128, 64, 1).sparse(2048).fp8_ds_mla().keys(512),
+       "seesaw splits=1 tiles=1 sparse short_splits"},
+      {"... at most 1024 keys: 16 blocks, loaded ahead",
+       dense(128, 64, 1).sparse(2048).fp8_ds_mla().keys(1024), "seesaw splits=1 tiles=1 sparse"},
       {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
        "seesaw splits=2 tiles=1 sparse combine"},
   });
+  Switches rows;
+  rows.sparse_rows = 64;
+  expect_routes({{"token rows over fp8_ds_mla, 512 keys: no landing-path instantiation of them",
+                  dense(128, 64, 1).sparse(2048).fp8_ds_mla().keys(512),
+                  "seesaw splits=1 tiles=1 sparse token_rows=64"}},
+                rows);
   Switches sw;
   sw.kernel = Switches::Kernel::kSeesaw;
   expect_routes({{"H16 on the seesaw kernel", dense(1, 16, 1).sparse(2048),
@@ -410,8 +425,9 @@ TEST(Sm90Route, PairSwitch) {
                 sw);
   sw.pair = 0;
   expect_routes({{"8 tiles", dense(128, 128, 4), "seesaw schedule parts=16 tiles=8 combine"},
-                 {"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
-                  "seesaw splits=16 tiles=2 sparse combine"}},
+                 {"sparse fp8_ds_mla, H128: splits of two blocks on the landing path",
+                  dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
+                  "seesaw splits=16 tiles=2 sparse short_splits combine"}},
                 sw);
 }
 
@@ -442,7 +458,9 @@ TEST(Sm90Route, SparseRowsSwitch) {
 // Sparse pairs need the device to run clusters of two at all (any number of waves).
 TEST(Sm90Route, SparsePairsNeedClusters) {
   expect_routes({{"sparse fp8_ds_mla, H128", dense(4, 128, 1).sparse(2048).fp8_ds_mla(),
-                  "seesaw splits=16 tiles=2 sparse combine"}},
+                  "seesaw splits=16 tiles=2 sparse short_splits combine"},
+                 {"... B128: unpaired, a split of 32 blocks loaded ahead",
+                  dense(128, 128, 1).sparse(2048).fp8_ds_mla(), "seesaw splits=1 tiles=2 sparse"}},
                 Switches(), DeviceFacts{132, &clusters_0});
 }
 

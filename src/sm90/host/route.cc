@@ -342,6 +342,14 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     if (r.layout.splits == 1 && sw.sparse_rows > 0 && sw.sparse_rows < p.num_tokens) {
       r.sparse_rows = sw.sparse_rows;
     }
+    // Unpaired fp8_ds_mla rows, one token per CTA row: splits of few blocks take the landing path.
+    // Their blocks count the keys a token may have, min(top_k, max_seq_len) (a context shorter
+    // than top_k has fewer blocks than top_k's).
+    if (p.kv_format == KvFormat::kFp8DsMla && !r.pair && r.sparse_rows == 0) {
+      const int64_t blocks = ceil_div(
+          std::max<int64_t>(1, std::min<int64_t>(p.top_k, p.max_seq_len)), ::mla::sm90::kBlockKeys);
+      r.short_splits = ceil_div(blocks, r.layout.splits) < ::mla::sm90::seesaw::kAheadMinBlocks;
+    }
   } else if (r.layout.scheduled || r.layout.direct) {
     r.kernel = Kernel::kSeesaw;
     r.tiles = static_cast<int>(tiles_of(p));
@@ -402,6 +410,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.tiles = 0;
   r.sparse = false;
   r.sparse_rows = 0;
+  r.short_splits = false;
   r.pair = r.clean = false;
   r.combine = r.layout.splits > 1;
   return r;

@@ -350,7 +350,8 @@ template <Elem Q, Elem KV>
 cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cudaStream_t stream,
                              bool pdl) {
   if (route.kernel == Kernel::kSeesaw) {
-    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, stream, pdl);
+    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, route.short_splits,
+                                               stream, pdl);
   }
   const bool direct = route.fp8_direct;
   if (route.few_rows == 16) {

@@ -14,6 +14,12 @@ __host__ __device__ constexpr bool has_evict_first(Elem q, Elem kv) {
   return q == kv && (q == Elem::kBf16 || q == Elem::kFp16);
 }
 
+// The fewest blocks a split of an unpaired sparse call over fp8_ds_mla rows has for its rows to be
+// loaded a block ahead (seesaw_kernel.cuh, kAheadUnpaired); splits of fewer run on the landing path
+// (kShortSplits, the route's short_splits): B128 H64, one split of 32 blocks, -7%; B16 H64, eight
+// splits of 4, +11% (docs/perf-notes.md, Change 99).
+inline constexpr int kAheadMinBlocks = 16;
+
 // Computes the partials of every (split, token, head) in tiles of 64 query rows, or, for a request
 // of one segment (one split), its out and lse; one explicit instantiation per supported (query,
 // kv_cache) pair: (bf16, bf16), (fp16, fp16), (bf16, e4m3) and (e4m3, e4m3) (tma::Formats). Grid
@@ -38,10 +44,12 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 // CTAs walk several tokens (tma::SparseCursor, their own instantiation); tiles of 64 of one
 // token's heads, partials in the uniform layout [split, T, H] (or out and lse with one split), the
 // blocks gathered by index (tma/gather.cuh); one explicit instantiation per (query, kv_cache) pair
-// of tma::Formats, fp8_ds_mla included.
+// of tma::Formats, fp8_ds_mla included. `short_splits` (the route's choice; fp8_ds_mla rows,
+// unpaired, one token per CTA row, else ignored): the splits hold fewer than kAheadMinBlocks blocks
+// and gather on the landing path.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
-                                 cudaStream_t stream, bool pdl);
+                                 bool short_splits, cudaStream_t stream, bool pdl);
 
 // An e4m3 query over an e4m3 cache on the FP8 tensor cores (seesaw_fp8_kernel.cuh): grid
 // (num_tiles, params.num_parts) over the balanced schedule, or (num_tiles, params.num_splits) with

@@ -110,11 +110,6 @@ template <Elem Q, Elem KV, bool kSparse>
 inline constexpr Elem kSeesawCompute =
     kScaledSeesawQuery<Q, KV, kSparse> ? Elem::kFp16 : tma::Formats<Q, KV>::kCompute;
 
-// The fewest blocks a split of an unpaired sparse call over fp8_ds_mla rows has for its rows to be
-// loaded a block ahead (kAheadUnpaired): B128 H64, one split of 32 blocks, -7%; B16 H64, eight
-// splits of 4, +11% (docs/perf-notes.md, Change 99).
-inline constexpr int kAheadMinBlocks = 16;
-
 // An unpaired sparse call over fp8_ds_mla rows, a token a CTA row (64 heads or fewer a token, or
 // pairs not resident), of long splits (kAheadUnpaired in seesaw_kernel): its rows are loaded a
 // block ahead into registers by two producer warpgroups, half the rows each, beside the two
@@ -1206,7 +1201,7 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
-                                 cudaStream_t stream, bool pdl) {
+                                 bool short_splits, cudaStream_t stream, bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, true>>;
   constexpr size_t smem = Traits::kSmemBytes;
   // Pairs: the two tiles of a token over e4m3 rows (tma::gather_ahead_blocks).
@@ -1215,33 +1210,35 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   // Fewer token rows than tokens: CTAs that walk several tokens (their own instantiation).
   const int rows = params.sparse_rows > 0 ? params.sparse_rows : params.num_tokens;
   const bool token_rows = rows < params.num_tokens;
-  auto* kernel = token_rows ? &seesaw_kernel<Q, KV, false, false, false, true, true>
-                            : &seesaw_kernel<Q, KV, false, false, false, true, false>;
-  // The unpaired instantiation without token rows or short splits: its rows loaded ahead by two
-  // producer warpgroups where KV is fp8_ds_mla (kSeesawThreads).
-  int threads = token_rows ? Traits::kThreads : kSeesawThreads<Q, KV, false, true, false, false>;
+  // An instantiation and its block size, from the same template arguments (kSeesawThreads: 512
+  // where two producer warpgroups load the rows ahead, else Traits::kThreads).
+  struct Instance {
+    decltype(&seesaw_kernel<Q, KV, false, false, false, true>) kernel;
+    int threads;
+  };
+  auto instance = [](auto paired, auto walks, auto short_runs) {
+    constexpr bool kP = decltype(paired)::value, kT = decltype(walks)::value;
+    constexpr bool kS = decltype(short_runs)::value;
+    return Instance{&seesaw_kernel<Q, KV, false, kP, false, true, kT, false, kS>,
+                    kSeesawThreads<Q, KV, kP, true, kT, kS>};
+  };
+  using No = std::false_type;
+  using Yes = std::true_type;
+  Instance chosen = token_rows ? instance(No{}, Yes{}, No{}) : instance(No{}, No{}, No{});
   if constexpr (KV == Elem::kFp8DsMla) {
     // Unpaired fp8_ds_mla splits of few blocks: the landing path (kShortSplits).
-    const int blocks = (params.top_k + kBlockKeys - 1) / kBlockKeys;
-    const int splits = params.num_splits > 0 ? params.num_splits : 1;
-    if (!token_rows && (blocks + splits - 1) / splits < kAheadMinBlocks) {
-      kernel = &seesaw_kernel<Q, KV, false, false, false, true, false, false, true>;
-      threads = Traits::kThreads;
-    }
+    if (!token_rows && short_splits) chosen = instance(No{}, No{}, Yes{});
   }
   if constexpr (kPairs) {
-    if (pair) {
-      kernel = token_rows ? &seesaw_kernel<Q, KV, false, true, false, true, true>
-                          : &seesaw_kernel<Q, KV, false, true, false, true, false>;
-      threads = Traits::kThreads;
-    }
+    if (pair) chosen = token_rows ? instance(Yes{}, Yes{}, No{}) : instance(Yes{}, No{}, No{});
   }
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t err =
+      cudaFuncSetAttribute(chosen.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
-  return launch_in_clusters(kernel, grid, dim3(threads), smem, stream, pdl, pair ? 2u : 1u, params,
-                            unused, unused);
+  return launch_in_clusters(chosen.kernel, grid, dim3(chosen.threads), smem, stream, pdl,
+                            pair ? 2u : 1u, params, unused, unused);
 }
 
 }  // namespace mla::sm90::seesaw

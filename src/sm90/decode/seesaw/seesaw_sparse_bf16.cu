@@ -3,5 +3,5 @@
 
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_sparse<Elem::kBf16, Elem::kBf16>(const DecodeKernelParams&, int,
-                                                                    bool, cudaStream_t, bool);
+                                                                    bool, bool, cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw

@@ -3,6 +3,6 @@
 
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_sparse<Elem::kBf16, Elem::kFp8E4M3>(const DecodeKernelParams&,
-                                                                       int, bool, cudaStream_t,
-                                                                       bool);
+                                                                       int, bool, bool,
+                                                                       cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw
