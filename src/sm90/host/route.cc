@@ -343,11 +343,11 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
       r.sparse_rows = sw.sparse_rows;
     }
     // Unpaired fp8_ds_mla rows, one token per CTA row: splits of few blocks take the landing path.
-    // Their blocks count the keys a token may have, min(top_k, max_seq_len) (a context shorter
-    // than top_k has fewer blocks than top_k's).
+    // NOTE: top_k's blocks, not those of min(top_k, max_seq_len): contexts shorter than top_k ran
+    // 8 to 24% slower on the landing path (B128 H64 at 256 to 768 keys, B64 H64 at 512;
+    // docs/perf-notes.md, Change 109).
     if (p.kv_format == KvFormat::kFp8DsMla && !r.pair && r.sparse_rows == 0) {
-      const int64_t blocks = ceil_div(
-          std::max<int64_t>(1, std::min<int64_t>(p.top_k, p.max_seq_len)), ::mla::sm90::kBlockKeys);
+      const int64_t blocks = ceil_div(std::max<int64_t>(1, p.top_k), ::mla::sm90::kBlockKeys);
       r.short_splits = ceil_div(blocks, r.layout.splits) < ::mla::sm90::seesaw::kAheadMinBlocks;
     }
   } else if (r.layout.scheduled || r.layout.direct) {
