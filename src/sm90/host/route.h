@@ -82,8 +82,8 @@ struct Route {
   // each (docs/sm90-sparse.md, A persistent grid).
   int64_t sparse_rows = 0;
   // kSeesaw, sparse, fp8_ds_mla rows, unpaired, one token per CTA row: each split holds fewer than
-  // seesaw::kAheadMinBlocks blocks of min(top_k, max_seq_len) keys, and gathers on the landing path
-  // rather than loading its rows a block ahead (seesaw_kernel.cuh, kShortSplits).
+  // seesaw::kAheadMinBlocks of top_k's blocks, and gathers on the landing path rather than loading
+  // its rows a block ahead (seesaw_kernel.cuh, kShortSplits).
   bool short_splits = false;
   // kSeesaw, balanced schedule: tiles 2k and 2k + 1 of a request run as a cluster of two that
   // loads each K block once for both (docs/sm90-seesaw.md, Pairs).
