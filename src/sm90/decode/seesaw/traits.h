@@ -14,43 +14,30 @@
 
 namespace mla::sm90::seesaw {
 
-// The CuTe element type and the two GMMA atoms of each supported 16-bit format. kPvN: the N of
-// the P V atoms, 256 (one wgmma a k step over a consumer's O half) or 128 (two; a CTA of 512
-// threads, whose register target of 128 no single 64 x 256 wgmma fits: docs/sm90-sparse.md).
+// The CuTe element type and the GMMA atoms of each supported 16-bit format (bf16, fp16), as CuTe's
+// selectors pick them for these tiles. kPvN: the N of the P V atoms, 256 (one wgmma a k step over a
+// consumer's O half) or 128 (two; a CTA of 512 threads, whose register target of 128 no single
+// 64 x 256 wgmma fits: docs/sm90-sparse.md).
 template <Elem E, int kPvN = 256>
-struct GmmaOps;
-template <int kPvN>
-struct GmmaOps<Elem::kBf16, kPvN> {
+struct GmmaOps {
+  static_assert(E == Elem::kBf16 || E == Elem::kFp16, "16-bit GEMMs");
   static_assert(kPvN == 256 || kPvN == 128, "P V atoms of N 256 or 128");
-  using Type = cute::bfloat16_t;
+  using Type = std::conditional_t<E == Elem::kBf16, cute::bfloat16_t, cute::half_t>;
   // S = Q K^T over a whole 64-key block: A = Q (K-major), B = K block (K-major).
   using QkAtom =
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
+      decltype(cute::SM90::GMMA::ss_op_selector<Type, Type, float,
+                                                cute::Shape<cute::_64, cute::_64, cute::_16>,
+                                                cute::GMMA::Major::K, cute::GMMA::Major::K>());
   // O half += P V half: A = P (K-major), B = V, the same bytes as the K block read MN-major.
-  using PvAtom = std::conditional_t<
-      kPvN == 256,
-      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>,
-      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>>;
+  using PvAtom =
+      decltype(cute::SM90::GMMA::ss_op_selector<Type, Type, float,
+                                                cute::Shape<cute::_64, cute::Int<kPvN>, cute::_16>,
+                                                cute::GMMA::Major::K, cute::GMMA::Major::MN>());
   // The same with P from registers: a consumer's own block (its S accumulator, rounded).
-  using PvAtomRs = std::conditional_t<
-      kPvN == 256,
-      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>,
-      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>>;
-};
-template <int kPvN>
-struct GmmaOps<Elem::kFp16, kPvN> {
-  static_assert(kPvN == 256 || kPvN == 128, "P V atoms of N 256 or 128");
-  using Type = cute::half_t;
-  using QkAtom =
-      cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::K>;
-  using PvAtom = std::conditional_t<
-      kPvN == 256,
-      cute::SM90::GMMA::MMA_64x256x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>,
-      cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<cute::GMMA::Major::K, cute::GMMA::Major::MN>>;
-  using PvAtomRs = std::conditional_t<
-      kPvN == 256,
-      cute::SM90::GMMA::MMA_64x256x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>,
-      cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::GMMA::Major::K, cute::GMMA::Major::MN>>;
+  using PvAtomRs =
+      decltype(cute::SM90::GMMA::rs_op_selector<Type, Type, float,
+                                                cute::Shape<cute::_64, cute::Int<kPvN>, cute::_16>,
+                                                cute::GMMA::Major::K, cute::GMMA::Major::MN>());
 };
 
 // Named barriers (id 0 is __syncthreads). The two hand-offs are one-way: one warpgroup arrives,
