@@ -322,9 +322,10 @@ TEST(Sm90Route, SparseShapes) {
        dense(128, 64, 1).sparse(2048).fp8_ds_mla(), "seesaw splits=1 tiles=1 sparse"},
       {"... contexts of at most 512 keys: top_k's blocks decide, loaded ahead",
        dense(128, 64, 1).sparse(2048).fp8_ds_mla().keys(512), "seesaw splits=1 tiles=1 sparse"},
-      {"B33 H64: four splits of 8 blocks, the landing path",
-       dense(33, 64, 1).sparse(2048).fp8_ds_mla(),
-       "seesaw splits=4 tiles=1 sparse short_splits combine"},
+      {"B33 H64: four splits of 8 blocks, loaded ahead", dense(33, 64, 1).sparse(2048).fp8_ds_mla(),
+       "seesaw splits=4 tiles=1 sparse combine"},
+      {"B8 H64: 16 splits of 2 blocks, the landing path", dense(8, 64, 1).sparse(2048).fp8_ds_mla(),
+       "seesaw splits=16 tiles=1 sparse short_splits combine"},
       {"ragged, a request without tokens", ragged({2, 0, 3}, 64).sparse(128),
        "seesaw splits=2 tiles=1 sparse combine"},
   });

@@ -33,6 +33,7 @@
 #include "common/test_util.h"
 #include "mla/mla.h"
 #include "oracle/oracle.h"
+#include "sm90/decode/seesaw/launch.h"
 #include "sm90/host/route.h"
 
 namespace {
@@ -223,6 +224,20 @@ std::vector<SparseCase> block_cases() {
   ahead(70, 1, 64, TopkLens::kNone);
   ahead(35, 2, 16, TopkLens::kPerToken);
   ahead(140, 1, 64, TopkLens::kPerRequest);
+  // ... over several splits (kAheadMinBlocks blocks a split and more): a split's first block at
+  // a later entry, splits past a short request's extent, a shorter last split.
+  auto ahead_splits = [&](int B, int top_k, int page_size, TopkLens lens, int min_splits) {
+    std::vector<int> seq_lens;
+    for (int b = 0; b < B; ++b) seq_lens.push_back(b % 5 == 0 ? 200 + 41 * b : top_k + 37 * b);
+    SparseCase* s =
+        add(with_format(sparse(B, 64, 1, top_k, std::move(seq_lens), page_size), Format::kDsMla));
+    s->c.topk_lens = lens;
+    s->min_splits = min_splits;
+    s->min_split_blocks = ::mla::sm90::seesaw::kAheadMinBlocks;
+  };
+  ahead_splits(33, 1024, 64, TopkLens::kNone, 4);        // 4 splits of 4 blocks
+  ahead_splits(44, 1024, 16, TopkLens::kPerToken, 3);    // 6, 6 and 4 blocks
+  ahead_splits(16, 2048, 64, TopkLens::kPerRequest, 8);  // 8 splits of 4 blocks
   // The few-rows kernel's rows loaded ahead (e4m3 rows, 16 padded rows): splits, partial blocks.
   add(with_format(sparse(1, 16, 1, 2048, {3000}, 64), Format::kDsMla))->min_splits = 2;
   add(with_format(sparse(3, 8, 2, 64, {100, 64, 63}, 16), Format::kFp8));

@@ -16,12 +16,10 @@ __host__ __device__ constexpr bool has_evict_first(Elem q, Elem kv) {
 
 // The fewest of top_k's blocks a split of an unpaired sparse call over fp8_ds_mla rows has for its
 // rows to be loaded a block ahead (seesaw_kernel.cuh, kAheadUnpaired); splits of fewer run on the
-// landing path (kShortSplits, the route's short_splits). Set by Change 99 (B16 H64, eight splits
-// of 4 blocks, +11% ahead); NOTE: since Changes 102 and 104 the rows-ahead path measures faster
-// from 4 blocks a split up (B16 H64 -8%, B32 -18%) and slower at 1 and 2 (+9%, +6%;
-// docs/perf-notes.md, Change 110): 3 is where it belongs once GPU tests cover the rows-ahead path
-// over several splits.
-inline constexpr int kAheadMinBlocks = 16;
+// landing path (kShortSplits, the route's short_splits). Since Changes 102 and 104 the rows-ahead
+// path is faster from 4 blocks a split up (B16 H64 -8%, B32 -18%) and slower at 1 and 2 (+9%,
+// +6%; docs/perf-notes.md, Change 110; Change 99 had set 16).
+inline constexpr int kAheadMinBlocks = 3;
 
 // Computes the partials of every (split, token, head) in tiles of 64 query rows, or, for a request
 // of one segment (one split), its out and lse; one explicit instantiation per supported (query,
