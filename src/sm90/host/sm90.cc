@@ -347,11 +347,11 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
 // The sparse instantiations of both kernels (tma/gather.cuh) for the pairs of tma::Formats with
 // fp8_ds_mla: the seesaw kernel (route.tiles tiles per token) or the few-rows kernel of N rows.
 template <Elem Q, Elem KV>
-cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cudaStream_t stream,
-                             bool pdl) {
+cudaError_t launch_sparse_as(const DecodeKernelParams& k, const CUtensorMap& q_map,
+                             const Route& route, cudaStream_t stream, bool pdl) {
   if (route.kernel == Kernel::kSeesaw) {
-    return seesaw::launch_seesaw_sparse<Q, KV>(k, route.tiles, route.pair, route.short_splits,
-                                               stream, pdl);
+    return seesaw::launch_seesaw_sparse<Q, KV>(k, q_map, route.tiles, route.pair,
+                                               route.short_splits, stream, pdl);
   }
   const bool direct = route.fp8_direct;
   if (route.few_rows == 16) {
@@ -364,23 +364,23 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const Route& route, cu
   }
 }
 
-cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const Route& route,
-                          cudaStream_t stream, bool pdl) {
+cudaError_t launch_sparse(Elem q, Elem kv, const DecodeKernelParams& k, const CUtensorMap& q_map,
+                          const Route& route, cudaStream_t stream, bool pdl) {
   using E = Elem;
   if (q == E::kBf16 && kv == E::kBf16) {
-    return launch_sparse_as<E::kBf16, E::kBf16>(k, route, stream, pdl);
+    return launch_sparse_as<E::kBf16, E::kBf16>(k, q_map, route, stream, pdl);
   }
   if (q == E::kFp16 && kv == E::kFp16) {
-    return launch_sparse_as<E::kFp16, E::kFp16>(k, route, stream, pdl);
+    return launch_sparse_as<E::kFp16, E::kFp16>(k, q_map, route, stream, pdl);
   }
   if (q == E::kBf16 && kv == E::kFp8E4M3) {
-    return launch_sparse_as<E::kBf16, E::kFp8E4M3>(k, route, stream, pdl);
+    return launch_sparse_as<E::kBf16, E::kFp8E4M3>(k, q_map, route, stream, pdl);
   }
   if (q == E::kFp8E4M3 && kv == E::kFp8E4M3) {
-    return launch_sparse_as<E::kFp8E4M3, E::kFp8E4M3>(k, route, stream, pdl);
+    return launch_sparse_as<E::kFp8E4M3, E::kFp8E4M3>(k, q_map, route, stream, pdl);
   }
   if (q == E::kBf16 && kv == E::kFp8DsMla) {
-    return launch_sparse_as<E::kBf16, E::kFp8DsMla>(k, route, stream, pdl);
+    return launch_sparse_as<E::kBf16, E::kFp8DsMla>(k, q_map, route, stream, pdl);
   }
   MLA_FAIL(ErrorCode::kUnsupported,
            "backend sm90: no sparse gather kernel for this (query, kv_cache) pair");
@@ -394,7 +394,17 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                           cudaStream_t stream, bool pdl) {
   CUtensorMap q_map{};
   k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
-  if (route.sparse) return launch_sparse(q, kv, k, route, stream, pdl);
+  if (route.sparse) {
+    // The seesaw kernel's query tiles through the tensor map where it can be made for a sparse
+    // call (16-bit query, head dims (512, 64), a uniform call of H a multiple of 64: a tile is 64
+    // heads of one token; the map's element type is the query's, whatever the cache holds), asked
+    // for before the token's extent is read (docs/sm90-sparse.md, The CTA's start).
+    const bool sixteen = q == Elem::kBf16 || q == Elem::kFp16;
+    k.query_tma = route.kernel == Kernel::kSeesaw && sixteen && switches().query_tma &&
+                  k.cum_seq_lens_q == nullptr && k.num_heads % tma::kTileRows == 0 &&
+                  tma::make_query_tensor_map(k, q, q, &q_map) == cudaSuccess;
+    return launch_sparse(q, kv, k, q_map, route, stream, pdl);
+  }
   switch (route.kernel) {
     case Kernel::kFewRows:
       if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);

@@ -47,10 +47,12 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 // blocks gathered by index (tma/gather.cuh); one explicit instantiation per (query, kv_cache) pair
 // of tma::Formats, fp8_ds_mla included. `short_splits` (the route's choice; fp8_ds_mla rows,
 // unpaired, one token per CTA row, else ignored): the splits hold fewer than kAheadMinBlocks blocks
-// and gather on the landing path.
+// and gather on the landing path. q_map: the query's tensor map where params.query_tma (a uniform
+// call of 16-bit query, H a multiple of 64: tma::make_query_tensor_map), else unused.
 template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
-                                 bool short_splits, cudaStream_t stream, bool pdl);
+cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, const CUtensorMap& q_map,
+                                 int num_tiles, bool pair, bool short_splits, cudaStream_t stream,
+                                 bool pdl);
 
 // An e4m3 query over an e4m3 cache on the FP8 tensor cores (seesaw_fp8_kernel.cuh): grid
 // (num_tiles, params.num_parts) over the balanced schedule, or (num_tiles, params.num_splits) with

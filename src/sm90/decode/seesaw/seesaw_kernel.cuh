@@ -181,6 +181,11 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
   // tensor map (p.query_tma; tma::make_query_tensor_map), one thread issuing nine boxes.
   constexpr bool kQueryTma = !kSparse && !kGather && !kScaledQuery && !F::kFp8Query && Q == KV &&
                              (Q == Elem::kBf16 || Q == Elem::kFp16);
+  // A 16-bit query of a sparse call, one token a CTA: its tile may come through the query tensor
+  // map too (p.query_tma: a uniform call, H a multiple of 64), asked for before the cursor reads
+  // the token's extent, which the tile does not need (docs/sm90-sparse.md, The CTA's start).
+  constexpr bool kSparseQueryTma = kSparse && !kTokenRows && !kScaledQuery && !F::kFp8Query &&
+                                   (Q == Elem::kBf16 || Q == Elem::kFp16);
   // The fp8 ring (tma/fp8_ring.cuh): its widening warps store keys past the extent as zeros.
   constexpr bool kWidenRing = F::kFp8Cache && !kGather;
   static_assert(!(kDirect && kPair),
@@ -199,8 +204,8 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
   pdl_wait();  // inputs may come from the previous grid in the stream
   pdl_launch_dependents();
 
-  if constexpr (kQueryTma) {
-    // NOTE: fenced and published with the ring's barriers below.
+  if constexpr (kQueryTma || kSparseQueryTma) {
+    // NOTE: fenced and published with the ring's (or the gather's) barriers below.
     if (threadIdx.x == 0) mbar_init(&smem.q_full, 1);
   }
   const int issuers = tma::producer_issuers<Traits>(p);
@@ -349,6 +354,24 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
       cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, F::kQueryBytes>(p,
                                                                                             ctid);
     }
+    // The sparse CTA's query tile in flight (kSparseQueryTma): heads blockIdx.x * kRows .. + 63 of
+    // its token, from the token row's address alone (sparse_order's entry where there is one).
+    bool sparse_q_in_flight = false;
+    if constexpr (kSparseQueryTma) {
+      int b, i;
+      const int h0 = static_cast<int>(blockIdx.x) * kRows;
+      if (p.query_tma != 0 && h0 < p.num_heads && tma::sparse_row_token(p, b, i)) {
+        sparse_q_in_flight = true;
+        if (ctid == 0) {
+          mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * 2);
+#pragma unroll
+          for (int c = 0; c < Traits::kChunks; ++c) {
+            tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,
+                             c * Traits::kChunkCols, h0, i, b);
+          }
+        }
+      }
+    }
     tma::TileWork w;
     int64_t partial_row0;
     while (cursor.next(p, w, partial_row0)) {
@@ -361,7 +384,15 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
       // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
       // both consumers passed its final barrier. While the loads are in flight, a one-segment
       // request's rows find their places in out and lse, so that its end is short.
-      if (query_tma) {
+      if (sparse_q_in_flight) {  // the CTA's one segment, its tile asked for above
+        if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
+        mbar_wait(&smem.q_full, 0);
+        sparse_q_in_flight = false;
+        // NOTE: set_out_row's stores reach both warpgroups: each syncs itself first.
+        sync_local();
+        named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
+                                         Traits::kConsumerThreads);
+      } else if (query_tma) {
         if constexpr (kQueryTma) {
           // The tile's bytes are free once the previous segment's staged out rows have been read
           // (its GEMMs are complete): the bulk copies waited for here, the 16-byte stores (and
@@ -1118,6 +1149,8 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
         // barrier in load_query_tile_rows.
       }
     }  // segments
+    // A tile asked for by a segment without keys lands before the CTA's shared memory goes.
+    if (sparse_q_in_flight) mbar_wait(&smem.q_full, 0);
     // The shared memory the last out rows are copied from stays until they have been read.
     if (out_copies_pending && ctid < kRows) tma_store_wait<0>();
   };
@@ -1200,8 +1233,9 @@ cudaError_t launch_seesaw(const DecodeKernelParams& params, const CUtensorMap& k
 }
 
 template <Elem Q, Elem KV>
-cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles, bool pair,
-                                 bool short_splits, cudaStream_t stream, bool pdl) {
+cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, const CUtensorMap& q_map,
+                                 int num_tiles, bool pair, bool short_splits, cudaStream_t stream,
+                                 bool pdl) {
   using Traits = SeesawTraits<kSeesawCompute<Q, KV, true>>;
   constexpr size_t smem = Traits::kSmemBytes;
   // Pairs: the two tiles of a token over e4m3 rows (tma::gather_ahead_blocks).
@@ -1238,7 +1272,7 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, int num_tiles
   const dim3 grid(num_tiles, rows, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
   return launch_in_clusters(chosen.kernel, grid, dim3(chosen.threads), smem, stream, pdl,
-                            pair ? 2u : 1u, params, unused, unused);
+                            pair ? 2u : 1u, params, unused, q_map);
 }
 
 }  // namespace mla::sm90::seesaw

@@ -3,6 +3,7 @@
 
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_sparse<Elem::kBf16, Elem::kFp8DsMla>(const DecodeKernelParams&,
-                                                                        int, bool, bool,
-                                                                        cudaStream_t, bool);
+                                                                        const CUtensorMap&, int,
+                                                                        bool, bool, cudaStream_t,
+                                                                        bool);
 }  // namespace mla::sm90::seesaw

@@ -87,6 +87,18 @@ __device__ __forceinline__ void prefetch_query_rows(const DecodeKernelParams& p,
   }
 }
 
+// The token of a sparse call's CTA row blockIdx.y (sparse_order's entry where there is one, a
+// read), its request b and index i in it, without the reads that resolve its extent. False for a
+// ragged call (its request takes a search of cum_seq_lens_q) and a row past the tokens.
+__device__ __forceinline__ bool sparse_row_token(const DecodeKernelParams& p, int& b, int& i) {
+  const int row = static_cast<int>(blockIdx.y);
+  if (p.cum_seq_lens_q != nullptr || row >= p.num_tokens) return false;
+  const int t = p.sparse_order != nullptr ? p.sparse_order[row] : row;
+  b = t / p.q_len;
+  i = t - b * p.q_len;
+  return true;
+}
+
 // Query token t (global index) of a sparse call: its request's work (resolve_request), its heads'
 // rows [row0, rows) (token * H .. of the request), its counted entries
 // min(top_k, topk_len, seq_len - n_b + i + 1) as the extent (contract section 2.2; the SIMT
