@@ -398,7 +398,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
     // The seesaw kernel's query tiles through the tensor map where it can be made for a sparse
     // call (16-bit query, head dims (512, 64), a uniform call of H a multiple of 64: a tile is 64
     // heads of one token; the map's element type is the query's, whatever the cache holds), asked
-    // for before the token's extent is read (docs/sm90-sparse.md, The CTA's start).
+    // for before the token's extent is read (docs/sm90-sparse.md, The CTA's start and end).
     const bool sixteen = q == Elem::kBf16 || q == Elem::kFp16;
     k.query_tma = route.kernel == Kernel::kSeesaw && sixteen && switches().query_tma &&
                   k.cum_seq_lens_q == nullptr && k.num_heads % tma::kTileRows == 0 &&

@@ -183,7 +183,8 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
                              (Q == Elem::kBf16 || Q == Elem::kFp16);
   // A 16-bit query of a sparse call, one token a CTA: its tile may come through the query tensor
   // map too (p.query_tma: a uniform call, H a multiple of 64), asked for before the cursor reads
-  // the token's extent, which the tile does not need (docs/sm90-sparse.md, The CTA's start).
+  // the token's extent, which the tile does not need (docs/sm90-sparse.md, The CTA's start and
+  // end).
   constexpr bool kSparseQueryTma = kSparse && !kTokenRows && !kScaledQuery && !F::kFp8Query &&
                                    (Q == Elem::kBf16 || Q == Elem::kFp16);
   // The fp8 ring (tma/fp8_ring.cuh): its widening warps store keys past the extent as zeros.
