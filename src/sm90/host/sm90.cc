@@ -396,13 +396,12 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
   if (route.sparse) {
     // The seesaw kernel's query tiles through the tensor map where it can be made for a sparse
-    // call (16-bit query, head dims (512, 64), a uniform call of H a multiple of 64: a tile is 64
-    // heads of one token; the map's element type is the query's, whatever the cache holds), asked
-    // for before the token's extent is read (docs/sm90-sparse.md, The CTA's start and end).
-    const bool sixteen = q == Elem::kBf16 || q == Elem::kFp16;
-    k.query_tma = route.kernel == Kernel::kSeesaw && sixteen && switches().query_tma &&
+    // call (16-bit query whatever the cache holds, head dims (512, 64), a uniform call of H a
+    // multiple of 64: a tile is 64 heads of one token), asked for before the token's extent is
+    // read (docs/sm90-sparse.md, The CTA's start and end).
+    k.query_tma = route.kernel == Kernel::kSeesaw && switches().query_tma &&
                   k.cum_seq_lens_q == nullptr && k.num_heads % tma::kTileRows == 0 &&
-                  tma::make_query_tensor_map(k, q, q, &q_map) == cudaSuccess;
+                  tma::make_query_tensor_map(k, q, &q_map) == cudaSuccess;
     return launch_sparse(q, kv, k, q_map, route, stream, pdl);
   }
   switch (route.kernel) {
@@ -417,8 +416,8 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
       // The query tiles through the tensor map where it can be made (16-bit query and cache, head
       // dims (512, 64), H a multiple of 64 or a divisor of 64 with a dense query;
       // docs/sm90-seesaw.md, The query tile).
-      k.query_tma =
-          switches().query_tma && tma::make_query_tensor_map(k, q, kv, &q_map) == cudaSuccess;
+      k.query_tma = switches().query_tma && q == kv &&
+                    tma::make_query_tensor_map(k, q, &q_map) == cudaSuccess;
       k.hold_first_s = switches().hold_first_s ? 1 : 0;
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);
     }

@@ -364,7 +364,7 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
       if (p.query_tma != 0 && h0 < p.num_heads && tma::sparse_row_token(p, b, i)) {
         sparse_q_in_flight = true;
         if (ctid == 0) {
-          mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * 2);
+          mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * F::kQueryBytes);
 #pragma unroll
           for (int c = 0; c < Traits::kChunks; ++c) {
             tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,

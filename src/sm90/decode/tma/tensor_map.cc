@@ -65,8 +65,8 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, Elem kv, CUtensorMap* map) {
-  const bool sixteen = q == kv && (q == Elem::kBf16 || q == Elem::kFp16);
+cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, CUtensorMap* map) {
+  const bool sixteen = q == Elem::kBf16 || q == Elem::kFp16;
   const bool ragged = p.cum_seq_lens_q != nullptr;
   // A tile is 64 heads of one token, or 64 / H whole tokens; in the latter, a request's last tile
   // may run past its tokens, which must read as zeros: past q_len of a dense query (the box's
