@@ -50,6 +50,7 @@ if(MLA_ENABLE_CUDA)
     src/sm90/decode/seesaw/seesaw_bf16_ds_mla.cu
     # ... its variant on the FP8 tensor cores (an e4m3 query over an e4m3 cache) ...
     src/sm90/decode/seesaw/seesaw_fp8_kernel.cu
+    src/sm90/decode/seesaw/seesaw_fp8_three.cu
     # ... and its sparse instantiations (one file per (query, kv_cache) pair).
     src/sm90/decode/seesaw/seesaw_sparse_bf16.cu
     src/sm90/decode/seesaw/seesaw_sparse_fp16.cu

@@ -223,7 +223,10 @@ inline bool sm90_fp16_p(const Built& b) { return sm90_p_dtype(b) == mla::dtype::
 // The per-row allowances of the call's route beyond sm90_p_rel (none but on the e4m3-cache routes
 // above).
 inline RowAllowance sm90_allowance(const Built& b) {
-  if (sm90_fp8_mma(b)) return fp8_mma::allowance(b.in);
+  if (sm90_fp8_mma(b)) {
+    return fp8_mma::allowance(b.in, route_on_device(b.params).fp8_three ? fp8_mma::kScoreStepsWhole
+                                                                        : fp8_mma::kScoreSteps);
+  }
   if (sm90_scaled_query(b)) return fp8_mma::scaled_query_allowance(b.in);
   return RowAllowance{};
 }

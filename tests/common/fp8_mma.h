@@ -14,20 +14,24 @@
 namespace mla_test::fp8_mma {
 
 // The FP8 tensor cores accumulate each product sum in a narrower format than fp32 (about 13
-// fraction bits, truncated). The kernel starts every partial sum from zero on the tensor cores and
-// adds it in fp32: a score's 192 columns of three chunks (six wgmma k steps), a block's 64 keys of
-// one V column tile (two k steps). We take each wgmma k step to come out within 2^-11 of the
-// magnitude it aligns to, so a partial s = sum_k a_k b_k of n steps within n 2^-11 sum_k |a_k b_k|:
-// kScoreAccumRel (3 2^-10) for the scores, kPvAccumRel (2^-10) for P V; the fp32 additions are
-// far below it.
-constexpr double kScoreAccumRel = 6.0 / 2048;
+// fraction bits, truncated). The kernels start every partial sum from zero on the tensor cores and
+// add it in fp32: a score's 192 columns of three chunks (six wgmma k steps; the few-rows kernel and
+// the two-consumer FP8 seesaw kernel) or all its 576 columns (18 k steps; the three-consumer FP8
+// seesaw kernel, route.fp8_three), a block's 64 keys of one V column tile (two k steps). We take
+// each wgmma k step to come out within 2^-11 of the magnitude it aligns to, so a partial s =
+// sum_k a_k b_k of n steps within n 2^-11 sum_k |a_k b_k|: score_accum_rel(n) for the scores (3
+// 2^-10 or 9 2^-10), kPvAccumRel (2^-10) for P V; the fp32 additions are far below it.
+constexpr double score_accum_rel(int steps) { return steps / 2048.0; }
+constexpr int kScoreSteps = 6;        // a partial of three chunks
+constexpr int kScoreStepsWhole = 18;  // one partial over the 576 columns
 constexpr double kPvAccumRel = 2.0 / 2048;
 // e4m3 P is taken as p' = 2^8 p (p <= 1, relative to the running max): below 2^-6, p' is
 // subnormal, with spacing 2^-9; rounding to nearest moves p by at most min(p, 2^-18).
 constexpr double kSubnormalAbs = 1.0 / (1 << 18);
 
 // Against the oracle, per row (token, head) with attended keys A:
-// - scores: s~_j = s_j + e_j, |e_j| <= E_j = |bmm1| kScoreAccumRel sum_d |q_d| |k_jd|;
+// - scores: s~_j = s_j + e_j, |e_j| <= E_j = |bmm1| score_accum_rel(steps) sum_d |q_d| |k_jd|
+//   (steps: of the route's score partials, kScoreSteps or kScoreStepsWhole);
 // - lse moves by at most E = max_{j in A} E_j (lse_abs);
 // - P then moves by at most (exp(2E) - 1) p_j (fp8_ds_mla.h derives the same), and the P V
 //   partials' accumulation by kPvAccumRel of sum_j p~_j |v_jl|: out_rel = exp(2E) (1 +
@@ -37,7 +41,8 @@ constexpr double kSubnormalAbs = 1.0 / (1 << 18);
 //   |bmm2| sum_j min(p_j, 2^-18) |v_jl| / Z, Z = sum_A p_j (+ the sink's term): out_abs, the
 //   largest over the row's columns, twice that and times exp(2E) for the moved scores.
 // A row with a non-finite score or value gets none (it is NaN, compared apart).
-inline RowAllowance allowance(const oracle::Input& in) {
+inline RowAllowance allowance(const oracle::Input& in, int score_steps = kScoreSteps) {
+  const double score_rel = score_accum_rel(score_steps);
   const int H = in.num_heads, D = in.head_dim(), L = in.kv_lora_rank;
   RowAllowance a;
   const size_t rows = static_cast<size_t>(in.num_tokens()) * H;
@@ -62,7 +67,7 @@ inline RowAllowance allowance(const oracle::Input& in) {
             mag += std::fabs(q[d]) * std::fabs(k[d]);
           }
           s[j] = in.bmm1_scale * dot;
-          e = std::max(e, std::fabs(in.bmm1_scale) * kScoreAccumRel * mag);
+          e = std::max(e, std::fabs(in.bmm1_scale) * score_rel * mag);
           finite = std::isfinite(s[j]) && std::isfinite(mag);
           m = std::max(m, s[j]);
         }

@@ -157,6 +157,7 @@ std::string describe(const Route& r) {
   if (r.layout.direct) s << " direct";
   if (r.few_rows > 0) s << " rows=" << r.few_rows;
   if (r.fp8_direct) s << " fp8_direct";
+  if (r.fp8_three) s << " fp8_three";
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
   if (r.evict_first) s << " evict_first";
@@ -213,7 +214,12 @@ TEST(Sm90Route, Table) {
       // split), a bf16 query widened in shared memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
-      {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
+      {"fp8, B128: 248 blocks a part, the three-consumer kernel",
+       dense(128, 128, 1).dtypes(kFp8, kFp8),
+       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
+      {"fp8, B33 s8192: 64 blocks a part", dense(33, 128, 1).dtypes(kFp8, kFp8),
+       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
+      {"fp8, B32 s8192: 62 blocks a part, two consumers", dense(32, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
       {"fp8, one request, two blocks a split: the direct split, widened",
        dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct tiles=2 combine"},
@@ -576,6 +582,21 @@ TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {
   expect_routes({{"one request", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
                   "seesaw splits=64 direct tiles=2 combine"},
                  {"several requests", dense(8, 128, 1).dtypes(kFp8, kFp8),
+                  "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
+                sw);
+}
+
+TEST(Sm90Route, Fp8ThreeSwitch) {
+  Switches sw;
+  sw.fp8_three = 1;  // the three-consumer kernel at any length on the balanced schedule
+  expect_routes(
+      {{"8 blocks a part", dense(4, 128, 1).dtypes(kFp8, kFp8),
+        "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
+       {"the direct split keeps two consumers", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
+        "seesaw splits=64 direct fp8_direct tiles=2 combine"}},
+      sw);
+  sw.fp8_three = 0;
+  expect_routes({{"B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
                   "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
                 sw);
 }

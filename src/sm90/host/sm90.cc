@@ -328,6 +328,10 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     if (route.fp8_direct) {
+      if (route.fp8_three) {
+        return seesaw::launch_seesaw_fp8_three<Elem::kFp8E4M3, Elem::kFp8E4M3>(
+            k, kv_map, route.tiles, stream, pdl);
+      }
       return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, route.tiles,
                                                                        direct, stream, pdl);
     }

@@ -62,6 +62,12 @@ template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                               int num_tiles, bool direct_split, cudaStream_t stream, bool pdl);
 
+// The same on the balanced schedule with three consumer warpgroups (seesaw_fp8_three_kernel.cuh):
+// grid (num_tiles, params.num_parts).
+template <Elem Q, Elem KV>
+cudaError_t launch_seesaw_fp8_three(const DecodeKernelParams& params, const CUtensorMap& kv_map,
+                                    int num_tiles, cudaStream_t stream, bool pdl);
+
 // Clusters of two CTAs of the paired kernel that the current device holds at once (read once per
 // device; 0 where the query fails). The route pairs a grid only where they hold all of it.
 template <Elem E>
