@@ -214,12 +214,7 @@ TEST(Sm90Route, Table) {
       // split), a bf16 query widened in shared memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
-      {"fp8, B128: 248 blocks a part, the three-consumer kernel",
-       dense(128, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
-      {"fp8, B33 s8192: 64 blocks a part", dense(33, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
-      {"fp8, B32 s8192: 62 blocks a part, two consumers", dense(32, 128, 1).dtypes(kFp8, kFp8),
+      {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
       {"fp8, one request, two blocks a split: the direct split, widened",
        dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct tiles=2 combine"},
@@ -588,17 +583,17 @@ TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {
 
 TEST(Sm90Route, Fp8ThreeSwitch) {
   Switches sw;
-  sw.fp8_three = 1;  // the three-consumer kernel at any length on the balanced schedule
+  sw.fp8_three = true;  // the three-consumer kernel on the balanced schedule
   expect_routes(
-      {{"8 blocks a part", dense(4, 128, 1).dtypes(kFp8, kFp8),
+      {{"B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
+        "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
+       {"8 blocks a part", dense(4, 128, 1).dtypes(kFp8, kFp8),
         "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
        {"the direct split keeps two consumers", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
-        "seesaw splits=64 direct fp8_direct tiles=2 combine"}},
+        "seesaw splits=64 direct fp8_direct tiles=2 combine"},
+       {"a bf16 query: widened", dense(128, 128, 1).dtypes(kBf16, kFp8),
+        "seesaw schedule parts=66 tiles=2 combine"}},
       sw);
-  sw.fp8_three = 0;
-  expect_routes({{"B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
-                  "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
-                sw);
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

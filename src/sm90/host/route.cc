@@ -41,12 +41,6 @@ constexpr int64_t kEvictFirstPartBlocks = 96;
 // query over an e4m3 cache runs the FP8 seesaw kernel rather than the seesaw kernel over the cache
 // widened in shared memory (docs/perf-notes.md).
 constexpr int64_t kFp8SeesawMinBlocks = 5;
-// The FP8 seesaw kernel's calls on the balanced schedule take its three-consumer form
-// (Route::fp8_three) where the parts hold at least this many blocks each (batch x max_seq_len's
-// blocks over the parts): measured 7 to 8% faster at ~250 blocks a part (B128 s8192 H128 and H64,
-// q1 and q2) and 13 to 16% slower at 16 blocks a split (B1 s65536 on the direct split, which it
-// does not run); the threshold lies between (docs/perf-notes.md, Change 113).
-constexpr int64_t kFp8ThreeMinPartBlocks = 64;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -391,11 +385,8 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     r.fp8_direct = sw.fp8_direct && (r.layout.scheduled || blocks >= min_blocks) &&
                    p.q_dtype == dtype::kFloat8E4M3 && p.kv_dtype == dtype::kFloat8E4M3 &&
                    p.kv_format == KvFormat::kPlain;
-    // Its three-consumer form on the balanced schedule, where parts are long enough.
-    const bool three_wanted =
-        sw.fp8_three >= 0 ? sw.fp8_three == 1
-                          : p.batch * request_blocks >= kFp8ThreeMinPartBlocks * r.layout.parts;
-    r.fp8_three = r.fp8_direct && r.layout.scheduled && three_wanted;
+    // Its three-consumer form on the balanced schedule, where asked for (Switches::fp8_three).
+    r.fp8_three = r.fp8_direct && r.layout.scheduled && sw.fp8_three;
   } else {
     r.kernel = Kernel::kSimt;
   }
