@@ -30,6 +30,7 @@
 #include "sm90/common.cuh"
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"  // the e4m3 fragment helpers
 #include "sm90/decode/output.cuh"
+#include "sm90/decode/seesaw/fp8_block.cuh"
 #include "sm90/decode/seesaw/row_max.cuh"
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
@@ -252,36 +253,9 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
                           reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
                       Traits::SmemLayoutP{});
       Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-      const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-      uint32_t frag[2][2][4];  // [tile parity][k step][register]
-      auto load = [&](int m) {
-        few_rows::load_fp8_v_fragment(stage_addr, Traits::kLeftChunks * cw + m, warp, lane,
-                                      frag[m & 1]);
-      };
-      auto issue = [&](int m) { few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[m & 1]); };
       // NOTE: one partial: O^T (128 registers), two partials and the fragments would not fit.
-      load(0);
-      issue(0);
-      CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        if (m + 1 < 4) load(m + 1);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrT);
-        // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor
-        // pair a load.
-        CUTE_UNROLL
-        for (int j = 0; j < size(tOrT) / 4; ++j) {
-          const float2 f =
-              *reinterpret_cast<const float2*>(&smem.scale[par][owner][8 * j + 2 * (lane & 3)]);
-          CUTE_UNROLL
-          for (int e = 0; e < 4; ++e) {
-            const int i = 4 * j + e;
-            tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), tOrT(i));
-          }
-        }
-        if (m + 1 < 4) issue(m + 1);
-      }
-      warpgroup_fence_operand(tOrO);
+      fp8_pv_pass<4, true>(mma_pv, tOrA, tOrP, tOrT, tOrO, tma::smem_addr(smem.k[stage]),
+                           Traits::kLeftChunks * cw, &smem.scale[par][owner][0], warp, lane);
     };
     const int num_blocks = w.block_end - w.block_begin;
     for (int round = 0; 2 * round < num_blocks; ++round) {
@@ -352,17 +326,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         if (unmasked) {
           unmasked_block_max(tSrS, block_max, neg_inf);
         } else {
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) {
-            const int slot = (v >> 1) & 1;
-            float s = kNegInf;
-            if (rule[slot].attends(key0 + get<1>(tScS(v)))) {
-              s = tSrS(v) * score_scale;
-              if (s == kNegInf) s = __int_as_float(0x7fffffff);
-            }
-            tSrS(v) = s;
-            block_max[slot] = fmaxf(block_max[slot], s);
-          }
+          fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);
         }
         float m_new[2], a_new[2];
 #pragma unroll
@@ -377,30 +341,10 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
           block_max[s] = m_use;
           row_sum[s] *= a_new[s];
         }
-        CUTE_UNROLL
-        for (int v = 0; v < size(tSrS); ++v) {
-          const int slot = (v >> 1) & 1;
-          tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul, kPShift - block_max[slot]));
-          row_sum[slot] += tSrS(v);
-        }
-        // P: keys 16g + {2q, 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3
-        // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys.
+        // P (e4m3) into the rope chunk, which only S read.
         uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
-        uint8_t* p_bytes = stage_bytes + Traits::kRopeChunkBytes;
-        const int q = lane & 3;
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const int row = my_row[s];
-#pragma unroll
-          for (int g = 0; g < 4; ++g) {
-            const int v0 = 4 * (2 * g) + 2 * s, v1 = 4 * (2 * g + 1) + 2 * s;
-            const uint32_t word =
-                static_cast<uint32_t>(tma::e4m3x2(tSrS(v0), tSrS(v1))) |
-                (static_cast<uint32_t>(tma::e4m3x2(tSrS(v0 + 1), tSrS(v1 + 1))) << 16);
-            const uint32_t offset = row * 64 + ((g ^ ((row >> 1) & 3)) << 4) + 4 * q;
-            *reinterpret_cast<uint32_t*>(p_bytes + offset) = word;
-          }
-        }
+        fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum, stage_bytes + Traits::kRopeChunkBytes,
+                    my_row, lane);
         // V rows past the extent (TMA skips pages past it: stale or NaN bytes) become 0, and draft
         // keys some row of the tile does not attend lose non-finite values (both halves: the
         // other consumer reads its V columns after the hand-off).
@@ -471,22 +415,10 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
       float z = (row_sum[s] + smem.row_sum[r]) * kPUnscale;
       if (smem.row_nan[r] != 0) z = __int_as_float(0x7fffffff);
       const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
-      int64_t out_row = -1;
-      float scale = 0.0f;
-      if (r < tile_rows) {
-        if (w.whole) {
-          const RowTarget t = finish_row(p, w.row0 + r, w.token0, m, z);
-          out_row = t.offset;
-          scale = t.scale;
-        } else {
-          p.partial_max[partial_row0 + r] = m;
-          p.partial_sum[partial_row0 + r] = z;
-          out_row = (partial_row0 + r) * kL;
-          scale = z != 0.0f ? __fdiv_rn(bmm2_scale_of(p), z) : 0.0f;
-        }
-      }
-      smem.out_row[r] = out_row;
-      smem.out_scale[r] = scale;
+      const RowTarget t =
+          fp8_finish_segment_row<kL>(p, w, w.whole, partial_row0, r, r < tile_rows, m, z);
+      smem.out_row[r] = t.offset;
+      smem.out_scale[r] = t.scale;
     }
     named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
     {
@@ -507,15 +439,8 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         const int d = Traits::kColsPerWg * cw + few_rows::fp8_o_row(get<0>(tOcO(v)));
         const int64_t o = row_out[s];
         if (o < 0 || d >= cols) continue;
-        const float f = row_scale[s] * kPUnscale;
-        const uint32_t word =
-            pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v | 2) * f : 0.0f);
-        if (words) {
-          *reinterpret_cast<uint32_t*>(base + o + d) = word;
-        } else {
-          base[o + d] = static_cast<uint16_t>(word & 0xffffu);
-          if (d + 1 < cols) base[o + d + 1] = static_cast<uint16_t>(word >> 16);
-        }
+        fp8_store_o_pair(p, base, o, d, cols, words, row_scale[s] * kPUnscale, tOrO(v),
+                         tOrO(v | 2));
       }
     }
     // The blocks each stage held, as the producer counts (block i in stage i % 4).

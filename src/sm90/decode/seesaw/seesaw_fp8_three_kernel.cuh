@@ -30,7 +30,9 @@
 #include "sm90/common.cuh"
 #include "sm90/decode/few_rows/few_rows_kernel.cuh"  // the e4m3 fragment helpers
 #include "sm90/decode/output.cuh"
+#include "sm90/decode/seesaw/fp8_block.cuh"
 #include "sm90/decode/seesaw/row_max.cuh"
+#include "sm90/decode/seesaw/seesaw_fp8_kernel.cuh"  // Fp8SeesawTraits
 #include "sm90/decode/tma/chunk_producer.cuh"
 #include "sm90/decode/tma/kv_pipeline.cuh"
 #include "sm90/decode/tma/ptx.cuh"
@@ -42,41 +44,21 @@ enum class Fp8ThreeBarrier : uint32_t {
   kConsumers = 1,  // the three consumer warpgroups (384 threads)
 };
 
-struct Fp8ThreeTraits {
-  using T = cute::float_e4m3_t;
+// The two-consumer kernel's tiles, GMMA atoms and shared-memory layouts; 512 threads, the
+// register split and the shared-memory plan its own.
+struct Fp8ThreeTraits : Fp8SeesawTraits {
   static constexpr int kThreads = 512;
   static constexpr int kConsumers = 3;
   static constexpr int kConsumerThreads = 128 * kConsumers;
-  static constexpr int kRows = 64;  // query rows per CTA (M of S, N of O^T)
-  static constexpr int kKeys = 64;  // keys per block (N of S)
-  static constexpr int kD = 576;
-  static constexpr int kL = 512;
-  static constexpr int kStages = 4;       // block i of a segment in stage i % 4
   static constexpr int kOwnerTiles = 2;   // m tiles of 64 V columns of consumers 0 and 1
   static constexpr int kHelperTiles = 4;  // of consumer 2 (columns 256..511)
-  static constexpr int kChunkCols = 64;   // e4m3 bytes per row of a chunk (64-byte swizzle)
-  static constexpr int kStageElemBytes = 1;
-  static constexpr int kChunks = kD / kChunkCols;
-  static constexpr int kLeftChunks = 4;  // the producer's two refill halves (every consumer
-                                         // releases both)
-  static constexpr int kRopeChunkBytes = (kL / kChunkCols) * kKeys * kChunkCols;  // P's place
+  // NOTE: kLeftChunks (the producer's two refill halves) is the base's 4; every consumer
+  // releases both halves.
   static constexpr int kProducerRegs = 24;
   static constexpr int kOwnerRegs = 152;
   static constexpr int kHelperRegs = 184;
-  static_assert(kRows * kKeys == kKeys * kChunkCols, "P (rows x keys, e4m3) fills the rope chunk");
   static_assert(128 * (kProducerRegs + 2 * kOwnerRegs + kHelperRegs) <= 65536, "register file");
-
-  using QkAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>;
-  using PvAtom = cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>;
-  using KAtom = cute::GMMA::Layout_K_SW64_Atom<T>;
-  using SmemLayoutQ =
-      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kD>>{}));
-  using SmemLayoutK =
-      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kKeys>, cute::Int<kD>>{}));
-  using SmemLayoutP =
-      decltype(cute::tile_to_shape(KAtom{}, cute::Shape<cute::Int<kRows>, cute::Int<kKeys>>{}));
-  using TiledMmaQk = decltype(cute::make_tiled_mma(QkAtom{}));
-  using TiledMmaPv = decltype(cute::make_tiled_mma(PvAtom{}));
+  static_assert(kStages == 4, "block i of a segment in stage i % 4");
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];           // query tile, SmemLayoutQ (padding rows 0)
@@ -277,41 +259,11 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
                             reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
                         Traits::SmemLayoutP{});
         Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-        const uint32_t stage_addr = tma::smem_addr(smem.k[stage]);
-        uint32_t frag[2][2][4];  // [tile parity][k step][register]
-        auto load = [&](int m) {
-          few_rows::load_fp8_v_fragment(stage_addr, col0 / 64 + m, warp, lane,
-                                        frag[kHelper ? 0 : m & 1]);
-        };
-        auto issue = [&](int m) {
-          few_rows::issue_fp8_pv(mma_pv, tOrA, tOrP, tOrT, frag[kHelper ? 0 : m & 1]);
-        };
         // NOTE: the helper loads the next m tile's fragments after the wait (its O^T holds 128
         // registers), the owners under it.
-        constexpr bool kAhead = !kHelper;
-        load(0);
-        issue(0);
-        CUTE_UNROLL
-        for (int m = 0; m < kMTiles; ++m) {
-          if (kAhead && m + 1 < kMTiles) load(m + 1);
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrT);
-          CUTE_UNROLL
-          for (int j = 0; j < size(tOrT) / 4; ++j) {
-            const float2 f =
-                *reinterpret_cast<const float2*>(&smem.scale[stage][8 * j + 2 * (lane & 3)]);
-            CUTE_UNROLL
-            for (int e = 0; e < 4; ++e) {
-              const int i = 4 * j + e;
-              tOrO(i, m, 0) = fmaf(e & 1 ? f.y : f.x, tOrO(i, m, 0), tOrT(i));
-            }
-          }
-          if (m + 1 < kMTiles) {
-            if (!kAhead) load(m + 1);
-            issue(m + 1);
-          }
-        }
-        warpgroup_fence_operand(tOrO);
+        fp8_pv_pass<kMTiles, !kHelper>(mma_pv, tOrA, tOrP, tOrT, tOrO,
+                                       tma::smem_addr(smem.k[stage]), col0 / 64,
+                                       &smem.scale[stage][0], warp, lane);
       };
 
       const int num_blocks = w.block_end - w.block_begin;
@@ -394,17 +346,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
                   rule[s].limit = max(0, sw.seq_len - sw.n + i + 1);
                 }
               }
-              CUTE_UNROLL
-              for (int v = 0; v < size(tSrS); ++v) {
-                const int slot = (v >> 1) & 1;
-                float s = kNegInf;
-                if (rule[slot].attends(key0 + get<1>(tScS(v)))) {
-                  s = tSrS(v) * score_scale;
-                  if (s == kNegInf) s = __int_as_float(0x7fffffff);
-                }
-                tSrS(v) = s;
-                block_max[slot] = fmaxf(block_max[slot], s);
-              }
+              fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);
             }
             float m_new[2], a_new[2];
 #pragma unroll
@@ -422,30 +364,10 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
               block_max[s] = m_use;
               row_max[s] = m_new[s];
             }
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) {
-              const int slot = (v >> 1) & 1;
-              tSrS(v) = tma::exp2_ftz(fmaf(tSrS(v), s_mul, kPShift - block_max[slot]));
-              row_sum[slot] += tSrS(v);
-            }
-            // P: keys 16g + {2q, 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3
-            // (few_rows::fp8_p_slot): one 4-byte store per row and group of 16 keys.
+            // P (e4m3) into the rope chunk, which only S read.
             uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
-            uint8_t* p_bytes = stage_bytes + Traits::kRopeChunkBytes;
-            const int q = lane & 3;
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              const int row = my_row[s];
-#pragma unroll
-              for (int g = 0; g < 4; ++g) {
-                const int v0 = 4 * (2 * g) + 2 * s, v1 = 4 * (2 * g + 1) + 2 * s;
-                const uint32_t word =
-                    static_cast<uint32_t>(tma::e4m3x2(tSrS(v0), tSrS(v1))) |
-                    (static_cast<uint32_t>(tma::e4m3x2(tSrS(v0 + 1), tSrS(v1 + 1))) << 16);
-                const uint32_t offset = row * 64 + ((g ^ ((row >> 1) & 3)) << 4) + 4 * q;
-                *reinterpret_cast<uint32_t*>(p_bytes + offset) = word;
-              }
-            }
+            fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
+                        stage_bytes + Traits::kRopeChunkBytes, my_row, lane);
             // V rows past the extent become 0, and draft keys some row of the tile does not
             // attend lose non-finite values (every consumer reads its V columns after the
             // hand-off).
@@ -510,22 +432,10 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
         float z = (row_sum[s] + smem.row_sum[r]) * kPUnscale;
         if (smem.row_nan[r] != 0) z = __int_as_float(0x7fffffff);
         const float m = m_final[s] == kNegInf ? kNegInf : m_final[s] * 0.6931471805599453f;
-        int64_t out_row = -1;
-        float scale = 0.0f;
-        if (r < tile_rows_end) {
-          if (whole) {
-            const RowTarget t = finish_row(p, sw.row0 + r, sw.token0, m, z);
-            out_row = t.offset;
-            scale = t.scale;
-          } else {
-            p.partial_max[partial_row0 + r] = m;
-            p.partial_sum[partial_row0 + r] = z;
-            out_row = (partial_row0 + r) * kL;
-            scale = z != 0.0f ? __fdiv_rn(bmm2_scale_of(p), z) : 0.0f;
-          }
-        }
-        smem.out_row[r] = out_row;
-        smem.out_scale[r] = scale;
+        const RowTarget t =
+            fp8_finish_segment_row<kL>(p, sw, whole, partial_row0, r, r < tile_rows_end, m, z);
+        smem.out_row[r] = t.offset;
+        smem.out_scale[r] = t.scale;
       }
       sync_consumers();
       {
@@ -551,15 +461,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             const int d = col0 + few_rows::fp8_o_row(get<0>(tOcO(v)));
             const int64_t o = row_out[s];
             if (o < 0 || d >= cols) continue;
-            const float f = row_scale[s];
-            const uint32_t word =
-                pack_out(p, f != 0.0f ? tOrO(v) * f : 0.0f, f != 0.0f ? tOrO(v | 2) * f : 0.0f);
-            if (words) {
-              *reinterpret_cast<uint32_t*>(base + o + d) = word;
-            } else {
-              base[o + d] = static_cast<uint16_t>(word & 0xffffu);
-              if (d + 1 < cols) base[o + d + 1] = static_cast<uint16_t>(word >> 16);
-            }
+            fp8_store_o_pair(p, base, o, d, cols, words, row_scale[s], tOrO(v), tOrO(v | 2));
           }
         }
       }

@@ -1,0 +1,148 @@
+// A block's score and P V steps shared by the FP8 seesaw kernels (seesaw_fp8_kernel.cuh, two
+// consumers; seesaw_fp8_three_kernel.cuh, two owners and a helper): the masked scores, P in e4m3
+// into the block's rope chunk, and one consumer's P V pass over its m tiles.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm90/common.cuh"
+#include "sm90/decode/few_rows/few_rows_kernel.cuh"  // the e4m3 fragment helpers
+#include "sm90/decode/output.cuh"
+#include "sm90/decode/tma/kv_pipeline.cuh"
+
+namespace mla::sm90::seesaw {
+
+// A masked block's scores (an m64n64 accumulator `s`, coordinates `c`): scaled where the thread's
+// row `rule[slot]` attends key key0 + column, -inf where it does not, an attended -inf turned NaN
+// (its row then turns NaN, contract section 1.2); their maxima into block_max.
+template <typename Frag, typename Coords>
+__device__ __forceinline__ void fp8_masked_scores(Frag& s, const Coords& c,
+                                                  const tma::RowRule (&rule)[2], int key0,
+                                                  float score_scale, float (&block_max)[2]) {
+  CUTE_UNROLL
+  for (int v = 0; v < cute::size(s); ++v) {
+    const int slot = (v >> 1) & 1;
+    float x = kNegInf;
+    if (rule[slot].attends(key0 + cute::get<1>(c(v)))) {
+      x = s(v) * score_scale;
+      if (x == kNegInf) x = __int_as_float(0x7fffffff);
+    }
+    s(v) = x;
+    block_max[slot] = fmaxf(block_max[slot], x);
+  }
+}
+
+// P' = 2^shift exp2(s s_mul - m) of the thread's two rows (m = max[slot]) added to row_sum, then
+// stored as e4m3 into `p_bytes` (the block's rope chunk, 64 rows of 64 bytes): keys 16g + {2q,
+// 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3 (few_rows::fp8_p_slot), one 4-byte
+// store per row and group of 16 keys, 16-byte units swizzled by (row >> 1) & 3.
+template <typename Frag>
+__device__ __forceinline__ void fp8_store_p(Frag& s, float s_mul, float shift,
+                                            const float (&max)[2], float (&row_sum)[2],
+                                            uint8_t* p_bytes, const int (&my_row)[2], int lane) {
+  CUTE_UNROLL
+  for (int v = 0; v < cute::size(s); ++v) {
+    const int slot = (v >> 1) & 1;
+    s(v) = tma::exp2_ftz(fmaf(s(v), s_mul, shift - max[slot]));
+    row_sum[slot] += s(v);
+  }
+  const int q = lane & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = my_row[r];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int v0 = 4 * (2 * g) + 2 * r, v1 = 4 * (2 * g + 1) + 2 * r;
+      const uint32_t word = static_cast<uint32_t>(tma::e4m3x2(s(v0), s(v1))) |
+                            (static_cast<uint32_t>(tma::e4m3x2(s(v0 + 1), s(v1 + 1))) << 16);
+      const uint32_t offset = row * 64 + ((g ^ ((row >> 1) & 3)) << 4) + 4 * q;
+      *reinterpret_cast<uint32_t*>(p_bytes + offset) = word;
+    }
+  }
+}
+
+// One consumer's P V pass over kMTiles m tiles of 64 V columns (chunks chunk0 ..): O^T = a O^T +
+// V^T P^T of the block in the stage at `stage_addr`, V^T from registers (load_fp8_v_fragment), P^T
+// the B operand `p_frag`, each m tile's two k steps into the partial `t` and promoted into `o` with
+// the factors a of the thread's 16 rows (`scale`: 64 floats, the block's). kAhead: each m tile's
+// fragments load under the previous tile's GEMMs (two buffers); else after its wait (one).
+template <int kMTiles, bool kAhead, typename Mma, typename FragA, typename FragB, typename Acc,
+          typename AccO>
+__device__ __forceinline__ void fp8_pv_pass(Mma& mma, FragA& a_frag, FragB& p_frag, Acc& t, AccO& o,
+                                            uint32_t stage_addr, int chunk0, const float* scale,
+                                            int warp, int lane) {
+  using namespace cute;
+  uint32_t frag[kAhead ? 2 : 1][2][4];  // [tile parity][k step][register]
+  auto buf = [](int m) { return kAhead ? m & 1 : 0; };
+  auto load = [&](int m) {
+    few_rows::load_fp8_v_fragment(stage_addr, chunk0 + m, warp, lane, frag[buf(m)]);
+  };
+  auto issue = [&](int m) { few_rows::issue_fp8_pv(mma, a_frag, p_frag, t, frag[buf(m)]); };
+  load(0);
+  issue(0);
+  CUTE_UNROLL
+  for (int m = 0; m < kMTiles; ++m) {
+    if (kAhead && m + 1 < kMTiles) load(m + 1);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(t);
+    // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor pair a
+    // load.
+    CUTE_UNROLL
+    for (int j = 0; j < size(t) / 4; ++j) {
+      const float2 f = *reinterpret_cast<const float2*>(&scale[8 * j + 2 * (lane & 3)]);
+      CUTE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = 4 * j + e;
+        o(i, m, 0) = fmaf(e & 1 ? f.y : f.x, o(i, m, 0), t(i));
+      }
+    }
+    if (m + 1 < kMTiles) {
+      if (!kAhead) load(m + 1);
+      issue(m + 1);
+    }
+  }
+  warpgroup_fence_operand(o);
+}
+
+// Row r of segment w's tile at its end (max m in natural-log units, sum z): a whole request's row
+// finished into out and lse (finish_row), or the partial row's max and sum written; its target
+// in out or partial_o (rows of kL values) and the scale of its O. A padding row (`valid` false):
+// offset -1, scale 0.
+template <int kL>
+__device__ __forceinline__ RowTarget fp8_finish_segment_row(const DecodeKernelParams& p,
+                                                            const tma::TileWork& w, bool whole,
+                                                            int64_t partial_row0, int r, bool valid,
+                                                            float m, float z) {
+  int64_t offset = -1;
+  float scale = 0.0f;
+  if (valid) {
+    if (whole) {
+      const RowTarget t = finish_row(p, w.row0 + r, w.token0, m, z);
+      offset = t.offset;
+      scale = t.scale;
+    } else {
+      p.partial_max[partial_row0 + r] = m;
+      p.partial_sum[partial_row0 + r] = z;
+      offset = (partial_row0 + r) * kL;
+      scale = z != 0.0f ? __fdiv_rn(bmm2_scale_of(p), z) : 0.0f;
+    }
+  }
+  return RowTarget{offset, scale};
+}
+
+// O^T values x, y of V columns d and d + 1 of one row (at `o` in `base`, out or partial_o) times
+// f in the out type: one 4-byte store (`words`), else two 2-byte ones, the second only where
+// d + 1 < cols; a row whose f is 0 gets zeros.
+__device__ __forceinline__ void fp8_store_o_pair(const DecodeKernelParams& p, uint16_t* base,
+                                                 int64_t o, int d, int cols, bool words, float f,
+                                                 float x, float y) {
+  const uint32_t word = pack_out(p, f != 0.0f ? x * f : 0.0f, f != 0.0f ? y * f : 0.0f);
+  if (words) {
+    *reinterpret_cast<uint32_t*>(base + o + d) = word;
+  } else {
+    base[o + d] = static_cast<uint16_t>(word & 0xffffu);
+    if (d + 1 < cols) base[o + d + 1] = static_cast<uint16_t>(word >> 16);
+  }
+}
+
+}  // namespace mla::sm90::seesaw
