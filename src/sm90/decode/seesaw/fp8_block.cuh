@@ -1,6 +1,7 @@
-// A block's score and P V steps shared by the FP8 seesaw kernels (seesaw_fp8_kernel.cuh, two
-// consumers; seesaw_fp8_three_kernel.cuh, two owners and a helper): the masked scores, P in e4m3
-// into the block's rope chunk, and one consumer's P V pass over its m tiles.
+// The steps the FP8 seesaw kernels share (seesaw_fp8_kernel.cuh, two consumers;
+// seesaw_fp8_three_kernel.cuh, two owners and a helper): a block's masked scores, its P in e4m3
+// into the block's rope chunk and one consumer's P V pass over its m tiles; a segment's end rows
+// and their out stores.
 #pragma once
 
 #include <cute/tensor.hpp>
