@@ -73,7 +73,7 @@ struct Fp8ThreeTraits : Fp8SeesawTraits {
     float out_scale[kRows];       // and what its O is multiplied by
     const uint4* query_row[kRows];
     uint64_t full[kStages][kChunks];
-    uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer warp (12)
+    uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer thread (384)
     uint64_t empty_r[kStages];  // chunks 4..8 read: the same arrivals
     uint64_t p_ready[kStages];  // the stage's P, max and factor: every thread of the owner
     // The segment's state, written by consumer thread 0 between segments and read where a block
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       for (int c = 0; c < Traits::kChunks; ++c) tma::mbar_init(&smem.full[s][c], issuers);
-      tma::mbar_init(&smem.empty_l[s], 4 * Traits::kConsumers);
-      tma::mbar_init(&smem.empty_r[s], 4 * Traits::kConsumers);
+      tma::mbar_init(&smem.empty_l[s], Traits::kConsumerThreads);
+      tma::mbar_init(&smem.empty_r[s], Traits::kConsumerThreads);
     }
     for (int s = 0; s < kStages; ++s) tma::mbar_init(&smem.p_ready[s], 128);
     tma::fence_mbar_init();
@@ -186,13 +186,14 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
     auto o_slot = [](int v) { return (v & 1) | ((v >> 2) << 1); };  // value v's row slot in O^T
     const float score_scale = bmm1_scale_of(p) * 1.4426950408889634f;
 
-    // One arrive per warp on both halves: this consumer's reads of the stage are done.
+    // This consumer's reads of the stage are done: both halves.
+    // NOTE: every consumer thread arrives (384 arrivals): each releases its own reads of the stage
+    // (its P V's factors among them), which the next owner's writes four blocks later follow
+    // through the producer's refill; one lane a warp left the other lanes' reads unordered for
+    // racecheck.
     auto release = [&](int stage) {
-      __syncwarp();
-      if (cute::elect_one_sync()) {
-        mbar_arrive(&smem.empty_l[stage]);
-        mbar_arrive(&smem.empty_r[stage]);
-      }
+      mbar_arrive(&smem.empty_l[stage]);
+      mbar_arrive(&smem.empty_r[stage]);
     };
     uint32_t used = 0;  // parities of the blocks each stage held before the segment
     // Block b of the segment: its stage and the phase of that stage's barriers (the producer's
