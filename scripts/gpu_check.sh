@@ -136,9 +136,9 @@ groups+=("combinerows|sm90_decode_test|Schedule/*:DirectSplit/*:Sm90DecodeSinks.
 groups+=("pairsforced|sm90_decode_test|Pairs/*:Sm90DecodePairs.*|MLA_SM90_PAIR=1|")
 if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   groups+=("fp8|sm90_decode_test|${MLA_SANITIZE_FP8_FILTER:-Fp8Mma/*:Fp8Regs/*:Fp8Seesaw/*:Fp8SeesawDirect/*:Fp8Widened/*:Sm90DecodeFp8Direct.*}||")
-  # The FP8 seesaw kernel's three-consumer form (off by default) over the FP8 seesaw cases (CTest's
-  # Fp8Three).
-  groups+=("fp8three|sm90_decode_test|Fp8Seesaw/*:Sm90DecodeFp8Graph.*|MLA_SM90_FP8_THREE=1|")
+  # The FP8 seesaw kernel's two-consumer form (the default is three consumers) over the FP8
+  # seesaw cases (CTest's Fp8Two).
+  groups+=("fp8two|sm90_decode_test|Fp8Seesaw/*:Sm90DecodeFp8Graph.*|MLA_SM90_FP8_THREE=0|")
   groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Fp8Direct/*:Sm90SparseNaN.*}||")
   # The seesaw kernel's CTAs walking several tokens (CTest's RowsForced: three token rows).
   groups+=("sparserows|sm90_sparse_test|Formats/*:Lens/*:Ordered/*|MLA_SM90_SPARSE_ROWS=3|")

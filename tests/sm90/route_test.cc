@@ -213,9 +213,9 @@ TEST(Sm90Route, Table) {
       // on the FP8 tensor cores (the FP8 seesaw kernel; on the direct split from five blocks a
       // split), a bf16 query widened in shared memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
       {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
-       "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+       "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
       {"fp8, one request, two blocks a split: the direct split, widened",
        dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct tiles=2 combine"},
       {"fp8, one request, four blocks a split: widened",
@@ -543,7 +543,7 @@ TEST(Sm90Route, Fp8DirectSwitch) {
         dense(8, 16, 1).sparse(512).dtypes(kFp8, kFp8),
         "few_rows splits=4 rows=16 fp8_direct sparse combine"},
        {"fp8 query and cache, H 128: the FP8 seesaw kernel", dense(8, 128, 1).dtypes(kFp8, kFp8),
-        "seesaw schedule parts=66 fp8_direct tiles=2 combine"},
+        "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
        {"sparse, H 128: gathered and widened by a pair",
         dense(8, 128, 1).sparse(512).dtypes(kFp8, kFp8),
         "seesaw splits=8 tiles=2 pair sparse combine"},
@@ -577,15 +577,14 @@ TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {
   expect_routes({{"one request", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
                   "seesaw splits=64 direct tiles=2 combine"},
                  {"several requests", dense(8, 128, 1).dtypes(kFp8, kFp8),
-                  "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
+                  "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"}},
                 sw);
 }
 
 TEST(Sm90Route, Fp8ThreeSwitch) {
   Switches sw;
-  sw.fp8_three = true;  // the three-consumer kernel on the balanced schedule
   expect_routes(
-      {{"B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
+      {{"B128: three consumers by default", dense(128, 128, 1).dtypes(kFp8, kFp8),
         "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
        {"8 blocks a part", dense(4, 128, 1).dtypes(kFp8, kFp8),
         "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
@@ -594,6 +593,10 @@ TEST(Sm90Route, Fp8ThreeSwitch) {
        {"a bf16 query: widened", dense(128, 128, 1).dtypes(kBf16, kFp8),
         "seesaw schedule parts=66 tiles=2 combine"}},
       sw);
+  sw.fp8_three = false;  // MLA_SM90_FP8_THREE=0: the two-consumer kernel
+  expect_routes({{"B128: two consumers", dense(128, 128, 1).dtypes(kFp8, kFp8),
+                  "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
+                sw);
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

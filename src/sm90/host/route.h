@@ -74,7 +74,7 @@ struct Route {
   // split holds enough blocks; false: the seesaw kernel over the cache widened in shared memory.
   bool fp8_direct = false;
   // kSeesaw, fp8_direct, balanced schedule: the FP8 seesaw kernel with three consumer warpgroups
-  // (seesaw_fp8_three_kernel.cuh), where MLA_SM90_FP8_THREE=1 asks for it.
+  // (seesaw_fp8_three_kernel.cuh), unless MLA_SM90_FP8_THREE=0 (Switches::fp8_three).
   bool fp8_three = false;
   int tiles = 0;  // kSeesaw: query-row tiles of 64 per request (the grid's x); sparse: per token
   // kFewRows, kSeesaw: a sparse call, one tile per query token, its blocks gathered by index

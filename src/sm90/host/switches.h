@@ -53,10 +53,10 @@ struct Switches {
   // request with an e4m3 query over an e4m3 cache takes the FP8 seesaw kernel on the direct split
   // (route.cc, kFp8SeesawMinBlocks).
   int64_t fp8_seesaw_min_blocks = 0;  // 0: the route's own
-  // MLA_SM90_FP8_THREE=1: the FP8 seesaw kernel's calls on the balanced schedule run its
-  // three-consumer form (route.h, Route::fp8_three); off by default until racecheck is clean over
-  // it (docs/sm90-fp8.md, Three consumers).
-  bool fp8_three = false;
+  // MLA_SM90_FP8_THREE=0: the FP8 seesaw kernel's calls on the balanced schedule run its
+  // two-consumer form instead of the three-consumer one (route.h, Route::fp8_three;
+  // docs/sm90-fp8.md, Three consumers).
+  bool fp8_three = true;
   // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
   // kernel) where a call's rows have at most N splits (the typical count) and fill at least half
   // the SMs with its CTAs, else the item kernel (0: the item kernel always; 256: the row kernel
