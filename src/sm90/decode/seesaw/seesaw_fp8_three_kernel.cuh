@@ -16,7 +16,8 @@
 //   WG3 helper: no S and no softmax; O^T for V columns 256..511 (four m tiles).
 //   Every consumer applies every block's P V to its columns in block order, each after the
 //   block's p_ready: O^T = a O^T + V^T P^T, V^T from registers (few_rows::load_fp8_v_fragment),
-//   each m tile's partial promoted in fp32; then releases the stage.
+//   each m tile's partial promoted in fp32; then releases the stage (every consumer thread
+//   arrives on both of its empty barriers).
 // Owner c, per block of its own: S; the previous block's max; its softmax and hand-off; the P V
 // of the previous block and of its own. So one owner's softmax waits only for the other's, and the
 // P V passes (half of them the helper's) run beside them.
