@@ -218,20 +218,8 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     bool row_valid[2];
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      const int r = my_row[s];
-      row_valid[s] = r < tile_rows;
-      const int i = (w.row0 + r) / p.num_heads;
-      rule[s].first_query = w.seq_len - w.n;
-      rule[s].mask = nullptr;
-      if (!row_valid[s]) {
-        rule[s].limit = 0;
-      } else if (p.mask != nullptr) {
-        rule[s].limit = w.seq_len;
-        const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-        rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
-      } else {
-        rule[s].limit = max(0, w.seq_len - w.n + i + 1);
-      }
+      row_valid[s] = my_row[s] < tile_rows;
+      rule[s] = tma::dense_row_rule(p, w, my_row[s], row_valid[s]);
     }
     // The first key some row of the tile does not attend: blocks past it take the masked path in
     // every thread and clean their V rows from it on.

@@ -334,19 +334,8 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
 #pragma unroll
               for (int s = 0; s < 2; ++s) {
                 const tma::TileWork& sw = smem.work;
-                const int r = my_row[s];
-                const int i = (sw.row0 + r) / p.num_heads;
-                rule[s].first_query = sw.seq_len - sw.n;
-                rule[s].mask = nullptr;
-                if (r >= min(kRows, sw.rows - sw.row0)) {
-                  rule[s].limit = 0;
-                } else if (p.mask != nullptr) {
-                  rule[s].limit = sw.seq_len;
-                  const int t = p.cum_seq_lens_q != nullptr ? sw.token0 + i : i;
-                  rule[s].mask = p.mask + sw.b * p.mask_batch + t * p.mask_token;
-                } else {
-                  rule[s].limit = max(0, sw.seq_len - sw.n + i + 1);
-                }
+                rule[s] = tma::dense_row_rule(p, sw, my_row[s],
+                                              my_row[s] < min(kRows, sw.rows - sw.row0));
               }
               fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);
             }

@@ -464,21 +464,13 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
       bool row_valid[2];
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        const int r = my_row[s];
-        row_valid[s] = r < tile_rows;
-        const int i = (w.row0 + r) / p.num_heads;  // token of the row
-        rule[s].first_query = w.seq_len - w.n;
-        rule[s].mask = nullptr;
-        if (!row_valid[s]) {
-          rule[s].limit = 0;
-        } else if (kSparse) {
-          rule[s].limit = w.extent;  // the token's counted entries
-        } else if (p.mask != nullptr) {
-          rule[s].limit = w.seq_len;
-          const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
-          rule[s].mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+        row_valid[s] = my_row[s] < tile_rows;
+        if constexpr (kSparse) {
+          rule[s].first_query = w.seq_len - w.n;
+          rule[s].mask = nullptr;
+          rule[s].limit = row_valid[s] ? w.extent : 0;  // the token's counted entries
         } else {
-          rule[s].limit = max(0, w.seq_len - w.n + i + 1);
+          rule[s] = tma::dense_row_rule(p, w, my_row[s], row_valid[s]);
         }
       }
       // Blocks that end at or below this key take the softmax without per-score mask and scale.

@@ -292,6 +292,27 @@ struct RowRule {
   }
 };
 
+// The rule of row r of segment w's tile in a dense call: a padding row (valid false) attends no
+// key; under a mask, the keys below seq_len its token's mask bytes allow; else its token's causal
+// bound.
+__device__ __forceinline__ RowRule dense_row_rule(const DecodeKernelParams& p, const TileWork& w,
+                                                  int r, bool valid) {
+  RowRule rule;
+  const int i = (w.row0 + r) / p.num_heads;  // token of the row
+  rule.first_query = w.seq_len - w.n;
+  rule.mask = nullptr;
+  if (!valid) {
+    rule.limit = 0;
+  } else if (p.mask != nullptr) {
+    rule.limit = w.seq_len;
+    const int t = p.cum_seq_lens_q != nullptr ? w.token0 + i : i;
+    rule.mask = p.mask + w.b * p.mask_batch + t * p.mask_token;
+  } else {
+    rule.limit = max(0, w.seq_len - w.n + i + 1);
+  }
+  return rule;
+}
+
 // V rows [r_begin, r_end) of a stage (v_chunks chunks of `keys` rows of 64 values; r_end is
 // `keys`, or `valid` where the rows past it are zero already: the fp8 ring's widening,
 // fp8_ring.cuh) made safe for P V: rows from `valid` on (keys past the extent: TMA loads whole
