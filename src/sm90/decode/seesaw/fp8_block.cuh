@@ -105,15 +105,21 @@ __device__ __forceinline__ void fp8_pv_pass(Mma& mma, FragA& a_frag, FragB& p_fr
   warpgroup_fence_operand(o);
 }
 
-// Row r of segment w's tile at its end (max m in natural-log units, sum z): a whole request's row
-// finished into out and lse (finish_row), or the partial row's max and sum written; its target
-// in out or partial_o (rows of kL values) and the scale of its O. A padding row (`valid` false):
-// offset -1, scale 0.
+// Row r of segment w's tile at its end: a whole request's row finished into out and lse
+// (finish_row), or the partial row's max and sum written; its target in out or partial_o (rows of
+// kL values) and the scale of its O. The row's running max `m2` is in base-2 units, its sum
+// `p_sum` one of P' = p_unscale^-1 exp2(s - m2) (fp8_store_p), and `nan` says some O^T value of
+// the row is not finite (the sum then turns NaN, so that the row does). A padding row (`valid`
+// false): offset -1, scale 0.
 template <int kL>
 __device__ __forceinline__ RowTarget fp8_finish_segment_row(const DecodeKernelParams& p,
                                                             const tma::TileWork& w, bool whole,
                                                             int64_t partial_row0, int r, bool valid,
-                                                            float m, float z) {
+                                                            float m2, float p_sum, float p_unscale,
+                                                            bool nan) {
+  float z = p_sum * p_unscale;
+  if (nan) z = __int_as_float(0x7fffffff);
+  const float m = m2 == kNegInf ? kNegInf : m2 * 0.6931471805599453f;  // natural-log units
   int64_t offset = -1;
   float scale = 0.0f;
   if (valid) {

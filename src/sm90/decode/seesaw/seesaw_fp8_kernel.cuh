@@ -400,11 +400,9 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     if (cw == 0 && (lane & 3) < 2) {
       const int s = lane & 1;
       const int r = my_row[s];
-      float z = (row_sum[s] + smem.row_sum[r]) * kPUnscale;
-      if (smem.row_nan[r] != 0) z = __int_as_float(0x7fffffff);
-      const float m = row_max[s] == kNegInf ? kNegInf : row_max[s] * 0.6931471805599453f;
       const RowTarget t =
-          fp8_finish_segment_row<kL>(p, w, w.whole, partial_row0, r, r < tile_rows, m, z);
+          fp8_finish_segment_row<kL>(p, w, w.whole, partial_row0, r, r < tile_rows, row_max[s],
+                                     row_sum[s] + smem.row_sum[r], kPUnscale, smem.row_nan[r] != 0);
       smem.out_row[r] = t.offset;
       smem.out_scale[r] = t.scale;
     }
@@ -434,9 +432,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     // The blocks each stage held, as the producer counts (block i in stage i % 4).
     // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its
     // load; out_row, out_scale and row_nan are read above before any thread gets there.
-    const uint32_t n = num_blocks;
-#pragma unroll
-    for (uint32_t st = 0; st < 4; ++st) used ^= (((n + 3 - st) / 4) & 1) << st;
+    tma::advance_stage_parities4(used, num_blocks);
   }
 }
 

@@ -420,11 +420,9 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
         const int64_t partial_row0 = smem.partial_row0;
         const int s = lane & 1;
         const int r = my_row[s];
-        float z = (row_sum[s] + smem.row_sum[r]) * kPUnscale;
-        if (smem.row_nan[r] != 0) z = __int_as_float(0x7fffffff);
-        const float m = m_final[s] == kNegInf ? kNegInf : m_final[s] * 0.6931471805599453f;
-        const RowTarget t =
-            fp8_finish_segment_row<kL>(p, sw, whole, partial_row0, r, r < tile_rows_end, m, z);
+        const RowTarget t = fp8_finish_segment_row<kL>(
+            p, sw, whole, partial_row0, r, r < tile_rows_end, m_final[s],
+            row_sum[s] + smem.row_sum[r], kPUnscale, smem.row_nan[r] != 0);
         smem.out_row[r] = t.offset;
         smem.out_scale[r] = t.scale;
       }
@@ -460,11 +458,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
       // NOTE: the next segment's query tile and row_nan stores come after the first barrier of
       // its load; out_row, out_scale, row_nan and the row sums are read above before any thread
       // gets there.
-      const uint32_t n = num_blocks;
-#pragma unroll
-      for (uint32_t st = 0; st < kStages; ++st) {
-        used ^= (((n + kStages - 1 - st) / kStages) & 1) << st;
-      }
+      tma::advance_stage_parities4(used, num_blocks);
     }
   };
   if (cw == 2) {

@@ -191,6 +191,13 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   }
 }
 
+// A ring of four stages (block i of a segment in stage i % 4): the parities of the blocks each
+// stage has held (bits 0..3 of `used`) after a segment of n blocks.
+__device__ __forceinline__ void advance_stage_parities4(uint32_t& used, uint32_t n) {
+#pragma unroll
+  for (uint32_t s = 0; s < 4; ++s) used ^= (((n + 3 - s) / 4) & 1) << s;
+}
+
 // The producer side's walk over the CTA's segments, in the consumers' order: `run(w, used0,
 // used1)` for each segment with blocks, where used0 and used1 are the parities of the blocks
 // stages 0 and 1 held before it (the phase of their barriers: only the parity is ever read, and
@@ -209,8 +216,7 @@ __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint3
     run(w, used0, used1);
     const uint32_t n = w.block_end - w.block_begin;
     if constexpr (kStages == 4) {
-#pragma unroll
-      for (uint32_t s = 0; s < 4; ++s) used0 ^= (((n + 3 - s) / 4) & 1) << s;
+      advance_stage_parities4(used0, n);
     } else {
       used0 ^= ((n + 1) / 2) & 1;
       used1 ^= (n / 2) & 1;
