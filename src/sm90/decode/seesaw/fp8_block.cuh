@@ -152,4 +152,66 @@ __device__ __forceinline__ void fp8_store_o_pair(const DecodeKernelParams& p, ui
   }
 }
 
+// One thread's O^T values (an accumulator of kMTiles m64nN tiles, `acc`) to their rows, in the
+// out type: the pairs (v, v | 2), V columns d and d + 1, whose row slot (o_slot of v % 32) is one
+// of the kSlots from slot0, each row at element offset row_out[s] of `base` (out or partial_o;
+// negative: a padding row, not stored) times row_scale[s]. `d0`: the thread's first V column
+// (value 0 of m tile 0, col0 + fp8_o_row of its accumulator row); m tile m's are 64 m further on.
+// A warp whose rows are all real with non-zero scales and whose columns are all stored, as 4-byte
+// words, takes the short form: each row's address once, then a multiply a value, one conversion
+// and one store a pair at a fixed offset (the segment's end runs once a segment, so its
+// instruction count is most of its time: docs/perf-notes.md, Change 119). Any other warp keeps
+// fp8_store_o_pair's tests a pair.
+template <int kSlots, typename AccO>
+__device__ __forceinline__ void fp8_store_o_rows(const DecodeKernelParams& p, uint16_t* base,
+                                                 int cols, bool words, int d0, int slot0,
+                                                 const int64_t (&row_out)[kSlots],
+                                                 const float (&row_scale)[kSlots],
+                                                 const AccO& acc) {
+  constexpr int kValues = decltype(cute::size(acc))::value;
+  constexpr int kMTiles = kValues / 32;
+  static_assert(kValues == 32 * kMTiles, "m64nN accumulator tiles, 32 values a thread each");
+  auto slot_of = [](int v) { return ((v % 32) & 1) | (((v % 32) >> 2) << 1); };
+  bool plain = words && d0 + 64 * (kMTiles - 1) + 1 < cols;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) plain = plain && row_out[s] >= 0 && row_scale[s] != 0.0f;
+  if (__all_sync(0xffffffffu, plain)) {
+    uint16_t* row[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) row[s] = base + row_out[s] + d0;
+    auto store = [&](auto fp16) {
+      CUTE_UNROLL
+      for (int v = 0; v < kValues; ++v) {
+        const int s = slot_of(v) - slot0;
+        if ((v & 2) || s < 0 || s >= kSlots) continue;
+        const float x = acc(v) * row_scale[s], y = acc(v | 2) * row_scale[s];
+        uint32_t word;
+        if constexpr (decltype(fp16)::value) {
+          const __half2 h = __floats2half2_rn(x, y);
+          word = *reinterpret_cast<const uint32_t*>(&h);
+        } else {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+          word = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        *reinterpret_cast<uint32_t*>(row[s] + 64 * (v / 32)) = word;
+      }
+    };
+    if (p.out_fp16) {
+      store(std::true_type{});
+    } else {
+      store(std::false_type{});
+    }
+    return;
+  }
+  CUTE_UNROLL
+  for (int v = 0; v < kValues; ++v) {
+    const int s = slot_of(v) - slot0;
+    if ((v & 2) || s < 0 || s >= kSlots) continue;
+    const int d = d0 + 64 * (v / 32);
+    const int64_t o = row_out[s];
+    if (o < 0 || d >= cols) continue;
+    fp8_store_o_pair(p, base, o, d, cols, words, row_scale[s], acc(v), acc(v | 2));
+  }
+}
+
 }  // namespace mla::sm90::seesaw

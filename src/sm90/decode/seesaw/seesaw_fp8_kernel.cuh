@@ -413,21 +413,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < kCols; ++s) {
         row_out[s] = smem.out_row[o_row(s)];
-        row_scale[s] = smem.out_scale[o_row(s)];
+        row_scale[s] = smem.out_scale[o_row(s)] * kPUnscale;
       }
-      const int cols = w.whole ? p.kv_lora_rank : kL;
-      uint16_t* base = static_cast<uint16_t*>(w.whole ? p.out : p.partial_o);
-      const bool words = !w.whole || p.out_vec16;
-      CUTE_UNROLL
-      for (int v = 0; v < size(tOrO); ++v) {
-        if (v & 2) continue;  // v | 2: the next V column of the same row (few_rows::fp8_o_row)
-        const int s = o_slot(v % 32);
-        const int d = Traits::kColsPerWg * cw + few_rows::fp8_o_row(get<0>(tOcO(v)));
-        const int64_t o = row_out[s];
-        if (o < 0 || d >= cols) continue;
-        fp8_store_o_pair(p, base, o, d, cols, words, row_scale[s] * kPUnscale, tOrO(v),
-                         tOrO(v | 2));
-      }
+      const int d0 = Traits::kColsPerWg * cw + few_rows::fp8_o_row(get<0>(tOcO(0)));
+      fp8_store_o_rows(p, static_cast<uint16_t*>(w.whole ? p.out : p.partial_o),
+                       w.whole ? p.kv_lora_rank : kL, !w.whole || p.out_vec16, d0, 0, row_out,
+                       row_scale, tOrO);
     }
     // The blocks each stage held, as the producer counts (block i in stage i % 4).
     // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its

@@ -431,6 +431,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
         const int cols = whole ? p.kv_lora_rank : kL;
         uint16_t* base = static_cast<uint16_t*>(whole ? p.out : p.partial_o);
         const bool words = !whole || p.out_vec16;
+        const int d0 = col0 + few_rows::fp8_o_row(get<0>(tOcO(0)));
         // NOTE: the rows' targets in two halves of eight (the helper's O^T holds 128 registers).
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
@@ -442,16 +443,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             row_out[s] = smem.out_row[o_row(8 * h + s)];
             row_scale[s] = smem.out_scale[o_row(8 * h + s)] * kPUnscale;
           }
-          CUTE_UNROLL
-          for (int v = 0; v < size(tOrO); ++v) {
-            if (v & 2) continue;  // v | 2: the next V column of the same row (few_rows::fp8_o_row)
-            if ((v % 32) / 16 != h) continue;
-            const int s = o_slot(v % 32) - 8 * h;
-            const int d = col0 + few_rows::fp8_o_row(get<0>(tOcO(v)));
-            const int64_t o = row_out[s];
-            if (o < 0 || d >= cols) continue;
-            fp8_store_o_pair(p, base, o, d, cols, words, row_scale[s], tOrO(v), tOrO(v | 2));
-          }
+          fp8_store_o_rows(p, base, cols, words, d0, 8 * h, row_out, row_scale, tOrO);
         }
       }
       // The blocks each stage held, as the producer counts (block i in stage i % kStages).
