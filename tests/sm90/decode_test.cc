@@ -1139,11 +1139,11 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool seesaw = false) {
 }
 
 // An e4m3 query over an e4m3 cache on the seesaw kernel's direct split (a call of one request):
-// - `fp8` false: fewer than five blocks a split, the blocks widened in shared memory: several runs
-//   and the combine, and one run (out and lse without the combine);
-// - `fp8` true: five blocks a split or more, the FP8 seesaw kernel: H 128 at q_len 1 and 2 (pages
-//   64 and 16, sinks, scale tensors), a mask over tiles of two tokens, lse off, a length that
-//   leaves the last run short.
+// - `fp8` false: one block a split, the blocks widened in shared memory: several runs and the
+//   combine, and one run (out and lse without the combine);
+// - `fp8` true: two blocks a split or more, the FP8 seesaw kernel: H 128 at q_len 1 and 2 (pages
+//   64 and 16, sinks, scale tensors; two blocks a split, the last block one key), a mask over tiles
+//   of two tokens, lse off, a length that leaves the last run short.
 std::vector<Case> fp8_direct_split_cases(bool fp8) {
   std::vector<Case> cases;
   auto add = [&](Case c) {
@@ -1157,7 +1157,7 @@ std::vector<Case> fp8_direct_split_cases(bool fp8) {
   c.H = 128;
   c.page_size = 64;
   if (!fp8) {
-    c.seq_lens = {8000};
+    c.seq_lens = {4000};
     add(c);
     c.q_len = 2;
     c.seq_lens = {50};
@@ -1166,6 +1166,8 @@ std::vector<Case> fp8_direct_split_cases(bool fp8) {
     return cases;
   }
   c.seq_lens = {20000};
+  add(c);
+  c.seq_lens = {8001};  // two blocks a split, the last block one key
   add(c);
   c.q_len = 2;
   c.page_size = 16;

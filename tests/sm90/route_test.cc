@@ -210,18 +210,17 @@ TEST(Sm90Route, Table) {
       {"ragged, tiles span tokens", ragged({2, 1, 3}, 96),
        "seesaw schedule parts=26 tiles=5 clean combine"},
       // fp8 caches: the same grids and schedules, never paired; an e4m3 query over an e4m3 cache
-      // on the FP8 tensor cores (the FP8 seesaw kernel; on the direct split from five blocks a
+      // on the FP8 tensor cores (the FP8 seesaw kernel; on the direct split from two blocks a
       // split), a bf16 query widened in shared memory.
       {"fp8 query and cache", dense(4, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
       {"fp8, B128", dense(128, 128, 1).dtypes(kFp8, kFp8),
        "seesaw schedule parts=66 fp8_direct fp8_three tiles=2 combine"},
-      {"fp8, one request, two blocks a split: the direct split, widened",
-       dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct tiles=2 combine"},
-      {"fp8, one request, four blocks a split: widened",
-       dense(1, 128, 1).dtypes(kFp8, kFp8).keys(16384), "seesaw splits=64 direct tiles=2 combine"},
-      {"fp8, one request, five blocks a split: the direct split on the FP8 tensor cores",
-       dense(1, 128, 1).dtypes(kFp8, kFp8).keys(20000),
+      {"fp8, one request, one block a split: the direct split, widened",
+       dense(1, 128, 1).dtypes(kFp8, kFp8).keys(4096), "seesaw splits=64 direct tiles=2 combine"},
+      {"fp8, one request, two blocks a split: the direct split on the FP8 tensor cores",
+       dense(1, 128, 1).dtypes(kFp8, kFp8), "seesaw splits=64 direct fp8_direct tiles=2 combine"},
+      {"fp8, one request, five blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(20000),
        "seesaw splits=63 direct fp8_direct tiles=2 combine"},
       {"fp8, one request, 16 blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(65536),
        "seesaw splits=64 direct fp8_direct tiles=2 combine"},
@@ -567,10 +566,10 @@ TEST(Sm90Route, DsDirectSwitch) {
 
 TEST(Sm90Route, Fp8SeesawMinBlocksSwitch) {
   Switches sw;
-  sw.fp8_seesaw_min_blocks = 2;  // the direct split's FP8 seesaw from two blocks a split
-  expect_routes({{"two blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8),
+  sw.fp8_seesaw_min_blocks = 3;  // the direct split's FP8 seesaw from three blocks a split
+  expect_routes({{"three blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(12288),
                   "seesaw splits=64 direct fp8_direct tiles=2 combine"},
-                 {"one block a split", dense(1, 128, 1).dtypes(kFp8, kFp8).keys(4096),
+                 {"two blocks a split", dense(1, 128, 1).dtypes(kFp8, kFp8),
                   "seesaw splits=64 direct tiles=2 combine"}},
                 sw);
   sw.fp8_seesaw_min_blocks = 1 << 20;  // never on the direct split; the balanced schedule alike
