@@ -81,8 +81,9 @@ struct DecodeKernelParams {
   int32_t out_vec16 = 0;   // out's address and strides allow 16-byte stores of 8 values
   int32_t out_vec8 = 0;    // out's address and strides allow 8-byte stores of 4 values
   int32_t direct_out = 0;  // the decode kernel writes out and lse (one split); no combine
-  // The seesaw kernel loads its query tiles through the query tensor map (tma::
-  // make_query_tensor_map) rather than through the consumers' registers.
+  // The seesaw kernels (the 16-bit one over a cache of the query's type, the FP8 ones) load their
+  // query tiles through the query tensor map (tma::make_query_tensor_map) rather than through the
+  // consumers' registers.
   int32_t query_tma = 0;
   // The seesaw kernel's dense rounds: consumer 1 issues a segment's first S only once consumer 0's
   // is done, so that the first one runs alone.

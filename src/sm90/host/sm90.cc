@@ -330,10 +330,10 @@ cudaError_t launch_seesaw_pair(Elem q, Elem kv, const DecodeKernelParams& k,
     if (route.fp8_direct) {
       if (route.fp8_three) {
         return seesaw::launch_seesaw_fp8_three<Elem::kFp8E4M3, Elem::kFp8E4M3>(
-            k, kv_map, route.tiles, stream, pdl);
+            k, kv_map, q_map, route.tiles, stream, pdl);
       }
-      return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, route.tiles,
-                                                                       direct, stream, pdl);
+      return seesaw::launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(
+          k, kv_map, q_map, route.tiles, direct, stream, pdl);
     }
     return seesaw::launch_seesaw<Elem::kFp8E4M3, Elem::kFp8E4M3>(k, kv_map, q_map, route.tiles,
                                                                  direct, route.pair, route.clean,
@@ -403,7 +403,7 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
     // call (16-bit query whatever the cache holds, head dims (512, 64), a uniform call of H a
     // multiple of 64: a tile is 64 heads of one token), asked for before the token's extent is
     // read (docs/sm90-sparse.md, The CTA's start and end).
-    k.query_tma = route.kernel == Kernel::kSeesaw && switches().query_tma &&
+    k.query_tma = route.kernel == Kernel::kSeesaw && switches().query_tma && q != Elem::kFp8E4M3 &&
                   k.cum_seq_lens_q == nullptr && k.num_heads % tma::kTileRows == 0 &&
                   tma::make_query_tensor_map(k, q, &q_map) == cudaSuccess;
     return launch_sparse(q, kv, k, q_map, route, stream, pdl);
@@ -417,10 +417,11 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
     case Kernel::kSeesaw: {
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);
-      // The query tiles through the tensor map where it can be made (16-bit query and cache, head
-      // dims (512, 64), H a multiple of 64 or a divisor of 64 with a dense query;
-      // docs/sm90-seesaw.md, The query tile).
-      k.query_tma = switches().query_tma && q == kv &&
+      // The query tiles through the tensor map where it can be made (16-bit query and cache, or
+      // an e4m3 query over an e4m3 cache on the FP8 seesaw kernels; head dims (512, 64), H a
+      // multiple of 64 or a divisor of 64 with a dense query; docs/sm90-seesaw.md, The query
+      // tile).
+      k.query_tma = switches().query_tma && q == kv && (q != Elem::kFp8E4M3 || route.fp8_direct) &&
                     tma::make_query_tensor_map(k, q, &q_map) == cudaSuccess;
       k.hold_first_s = switches().hold_first_s ? 1 : 0;
       return launch_seesaw_pair(q, kv, k, kv_map, q_map, route, stream, pdl);

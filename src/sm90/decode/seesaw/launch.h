@@ -57,16 +57,19 @@ cudaError_t launch_seesaw_sparse(const DecodeKernelParams& params, const CUtenso
 // An e4m3 query over an e4m3 cache on the FP8 tensor cores (seesaw_fp8_kernel.cuh): grid
 // (num_tiles, params.num_parts) over the balanced schedule, or (num_tiles, params.num_splits) with
 // `direct_split`; kv_map: the e4m3 boxes with the 64-byte swizzle (tma::make_kv_tensor_map's
-// fp8_direct).
+// fp8_direct); q_map: the e4m3 query's tensor map where params.query_tma
+// (tma::make_query_tensor_map), else unused.
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl);
+                              const CUtensorMap& q_map, int num_tiles, bool direct_split,
+                              cudaStream_t stream, bool pdl);
 
 // The same on the balanced schedule with three consumer warpgroups (seesaw_fp8_three_kernel.cuh):
 // grid (num_tiles, params.num_parts).
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8_three(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                                    int num_tiles, cudaStream_t stream, bool pdl);
+                                    const CUtensorMap& q_map, int num_tiles, cudaStream_t stream,
+                                    bool pdl);
 
 // Clusters of two CTAs of the paired kernel that the current device holds at once (read once per
 // device; 0 where the query fails). The route pairs a grid only where they hold all of it.

@@ -3,6 +3,7 @@
 
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_fp8<Elem::kFp8E4M3, Elem::kFp8E4M3>(const DecodeKernelParams&,
+                                                                       const CUtensorMap&,
                                                                        const CUtensorMap&, int,
                                                                        bool, cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw

@@ -92,6 +92,7 @@ struct Fp8SeesawTraits {
     uint64_t full[kStages][kChunks];
     uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer-0 warp
     uint64_t empty_r[kStages];  // chunks 4..8 read (V_R, P): one arrive per consumer-1 warp
+    uint64_t q_full;            // the query tile's boxes landed (p.query_tma)
   };
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one sm90 CTA");
@@ -104,7 +105,8 @@ __device__ __forceinline__ uint32_t fp8_barrier(Fp8Barrier b) { return static_ca
 template <Elem Q, Elem KV, bool kDirect>
 __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     seesaw_fp8_kernel(const __grid_constant__ DecodeKernelParams p,
-                      const __grid_constant__ CUtensorMap kv_map) {
+                      const __grid_constant__ CUtensorMap kv_map,
+                      const __grid_constant__ CUtensorMap q_map) {
   using namespace cute;
   static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
   using Traits = Fp8SeesawTraits;
@@ -126,6 +128,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
   pdl_launch_dependents();
 
   const int issuers = tma::producer_issuers<Traits>(p);
+  if (threadIdx.x == 0) tma::mbar_init(&smem.q_full, 1);  // fenced with the ring's barriers
   tma::init_ring_barriers<Traits>(smem, issuers);
 
   const int wg = cutlass::canonical_warp_group_idx();
@@ -193,6 +196,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
   if constexpr (!kDirect) {
     cursor.template prefetch_first_query<kRows, Traits::kConsumerThreads, 1>(p, ctid);
   }
+  // The query tile through the tensor map on the direct split (one segment a CTA); the balanced
+  // schedule's calls run the three-consumer kernel unless asked otherwise, and here its loop's
+  // registers do not take the phase (spills 64 -> 144 bytes).
+  const bool query_tma = kDirect && p.query_tma != 0;
+  if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
+  uint32_t q_phase = 0;  // q_full's phase: one per tile through the tensor map
   tma::TileWork w;
   int64_t partial_row0;
   while (cursor.next(p, w, partial_row0)) {
@@ -202,13 +211,25 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
       continue;
     }
     // ---- the query tile (e4m3, 64-byte swizzle; padding rows 0) ----
-    tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
-        p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-        [] { named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads); },
-        [&] {
-          if (ctid < kRows) smem.row_nan[ctid] = 0;
-        });
-    tma::fence_proxy_async_smem();
+    if (query_tma) {
+      // NOTE: every GEMM of the previous segment is complete (both consumers passed its end's
+      // barriers), so its tile's bytes are free for the boxes.
+      if (ctid == 0) {
+        tma::issue_query_tile<Traits::kChunks, Traits::kChunkCols, 1>(p, w, &q_map, &smem.q_full,
+                                                                      smem.q);
+      }
+      if (ctid < kRows) smem.row_nan[ctid] = 0;
+      mbar_wait(&smem.q_full, q_phase);
+      q_phase ^= 1;
+    } else {
+      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
+          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+          [] { named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads); },
+          [&] {
+            if (ctid < kRows) smem.row_nan[ctid] = 0;
+          });
+      tma::fence_proxy_async_smem();
+    }
     named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
     clear(tOrO);
     warpgroup_fence_operand(tOrO);
@@ -429,13 +450,15 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
 
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                              int num_tiles, bool direct_split, cudaStream_t stream, bool pdl) {
+                              const CUtensorMap& q_map, int num_tiles, bool direct_split,
+                              cudaStream_t stream, bool pdl) {
   constexpr size_t smem = Fp8SeesawTraits::kSmemBytes;
   auto* kernel = direct_split ? &seesaw_fp8_kernel<Q, KV, true> : &seesaw_fp8_kernel<Q, KV, false>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, direct_split ? params.num_splits : params.num_parts);
-  return launch(kernel, grid, dim3(Fp8SeesawTraits::kThreads), smem, stream, pdl, params, kv_map);
+  return launch(kernel, grid, dim3(Fp8SeesawTraits::kThreads), smem, stream, pdl, params, kv_map,
+                q_map);
 }
 
 }  // namespace mla::sm90::seesaw

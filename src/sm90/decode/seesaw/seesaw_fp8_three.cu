@@ -3,5 +3,5 @@
 
 namespace mla::sm90::seesaw {
 template cudaError_t launch_seesaw_fp8_three<Elem::kFp8E4M3, Elem::kFp8E4M3>(
-    const DecodeKernelParams&, const CUtensorMap&, int, cudaStream_t, bool);
+    const DecodeKernelParams&, const CUtensorMap&, const CUtensorMap&, int, cudaStream_t, bool);
 }  // namespace mla::sm90::seesaw

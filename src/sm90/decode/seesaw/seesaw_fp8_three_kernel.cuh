@@ -77,6 +77,7 @@ struct Fp8ThreeTraits : Fp8SeesawTraits {
     uint64_t empty_l[kStages];  // chunks 0..3 read: one arrive per consumer thread (384)
     uint64_t empty_r[kStages];  // chunks 4..8 read: the same arrivals
     uint64_t p_ready[kStages];  // the stage's P, max and factor: every thread of the owner
+    uint64_t q_full;            // the query tile's boxes landed (p.query_tma)
     // The segment's state, written by consumer thread 0 between segments and read where a block
     // needs it (registers of the consumers' block loop go to O^T and S).
     tma::TileWork work;
@@ -91,7 +92,8 @@ struct Fp8ThreeTraits : Fp8SeesawTraits {
 template <Elem Q, Elem KV>
 __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
     seesaw_fp8_three_kernel(const __grid_constant__ DecodeKernelParams p,
-                            const __grid_constant__ CUtensorMap kv_map) {
+                            const __grid_constant__ CUtensorMap kv_map,
+                            const __grid_constant__ CUtensorMap q_map) {
   using namespace cute;
   static_assert(Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3, "an e4m3 query over an e4m3 cache");
   using Traits = Fp8ThreeTraits;
@@ -118,6 +120,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
       tma::mbar_init(&smem.empty_r[s], Traits::kConsumerThreads);
     }
     for (int s = 0; s < kStages; ++s) tma::mbar_init(&smem.p_ready[s], 128);
+    tma::mbar_init(&smem.q_full, 1);
     tma::fence_mbar_init();
   }
   __syncthreads();
@@ -146,6 +149,8 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
   // The part's cursor, walked by consumer thread 0 (next_segment below).
   __shared__ tma::PartCursor shared_cursor;
   if (ctid == 0) shared_cursor.begin(p);
+  const bool query_tma = p.query_tma != 0;
+  if (query_tma && ctid == 0) tma::prefetch_tensor_map(&q_map);
   {
     tma::PartCursor first;  // the same first segment as the shared cursor's, for its query rows
     first.begin(p);
@@ -205,15 +210,21 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
     };
     auto p_wait = [&](int b) { mbar_wait(&smem.p_ready[stage_of(b)], phase_of(b)); };
 
-    // Each segment's state: consumer thread 0 walks the cursor; the other consumers read what it
-    // wrote after the barrier. Every read of the previous segment's state is before that
-    // segment's last barrier.
+    // Each segment's state: consumer thread 0 walks the cursor (and, with p.query_tma, asks for
+    // the segment's query tile at once: every GEMM of the previous segment is complete, its
+    // end's barriers passed); the other consumers read what it wrote after the barrier. Every
+    // read of the previous segment's state is before that segment's last barrier.
+    uint32_t q_phase = 0;  // q_full's phase: one per tile through the tensor map
     auto next_segment = [&] {
       if (ctid == 0) {
         tma::TileWork w;
         int64_t row0 = 0;
         const bool more = shared_cursor.next(p, w, row0);
         smem.more = more;
+        if (more && query_tma && w.block_begin < w.block_end) {
+          tma::issue_query_tile<Traits::kChunks, Traits::kChunkCols, 1>(p, w, &q_map, &smem.q_full,
+                                                                        smem.q);
+        }
         if (more) {
           smem.work = w;
           smem.partial_row0 = row0;
@@ -238,12 +249,18 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
         continue;
       }
       // ---- the query tile (e4m3, 64-byte swizzle; padding rows 0) ----
-      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
-          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid, sync_consumers,
-          [&] {
-            if (ctid < kRows) smem.row_nan[ctid] = 0;
-          });
-      tma::fence_proxy_async_smem();
+      if (query_tma) {  // asked for in next_segment
+        if (ctid < kRows) smem.row_nan[ctid] = 0;
+        mbar_wait(&smem.q_full, q_phase);
+        q_phase ^= 1;
+      } else {
+        tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
+            p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
+            sync_consumers, [&] {
+              if (ctid < kRows) smem.row_nan[ctid] = 0;
+            });
+        tma::fence_proxy_async_smem();
+      }
       sync_consumers();
       clear(tOrO);
       warpgroup_fence_operand(tOrO);
@@ -464,13 +481,15 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
 
 template <Elem Q, Elem KV>
 cudaError_t launch_seesaw_fp8_three(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                                    int num_tiles, cudaStream_t stream, bool pdl) {
+                                    const CUtensorMap& q_map, int num_tiles, cudaStream_t stream,
+                                    bool pdl) {
   constexpr size_t smem = Fp8ThreeTraits::kSmemBytes;
   auto* kernel = &seesaw_fp8_three_kernel<Q, KV>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(num_tiles, params.num_parts);
-  return launch(kernel, grid, dim3(Fp8ThreeTraits::kThreads), smem, stream, pdl, params, kv_map);
+  return launch(kernel, grid, dim3(Fp8ThreeTraits::kThreads), smem, stream, pdl, params, kv_map,
+                q_map);
 }
 
 }  // namespace mla::sm90::seesaw

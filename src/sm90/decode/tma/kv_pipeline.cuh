@@ -380,6 +380,25 @@ __device__ __forceinline__ uint32_t swizzled_offset_e4m3(int row, int col, int r
   return chunk * rows_per_chunk * 64 + row * 64 + (((c >> 4) ^ ((row >> 1) & 3)) << 4) + (c & 15);
 }
 
+// The query tile of segment w through the query's tensor map (make_query_tensor_map): kChunks
+// boxes of 64 rows x kChunkCols columns at `dst` (chunk c at c * 64 * kChunkCols elements of
+// kElemBytes), complete on `bar` (one arrival, the tile's bytes). Heads h0 .. h0 + 63 of token i
+// (H a multiple of 64), or every head of tokens i .. i + 64 / H - 1 (h0 = 0; H divides 64). One
+// thread issues it, after every reader of the previous tile's bytes is done with them.
+template <int kChunks, int kChunkCols, int kElemBytes, typename T>
+__device__ __forceinline__ void issue_query_tile(const DecodeKernelParams& p, const TileWork& w,
+                                                 const CUtensorMap* q_map, uint64_t* bar, T* dst) {
+  constexpr int kRows = kTileRows;
+  const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
+  const bool ragged = p.cum_seq_lens_q != nullptr;
+  mbar_arrive_expect_tx(bar, kRows * kChunks * kChunkCols * kElemBytes);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    tma_load_4d(dst + c * kRows * kChunkCols, q_map, bar, c * kChunkCols, h0,
+                ragged ? w.token0 + i : i, ragged ? 0 : w.b);
+  }
+}
+
 // The tile's query rows [w.row0, w.row0 + kRows) into a [kRows x 576] 128-byte-swizzled chunk
 // sequence of 16-bit values (rows past tile_rows zero), in 16-byte vectors from the kThreads
 // threads tid; an e4m3 query (Widen = __half: its GEMMs run in fp16) is widened exactly. Threads

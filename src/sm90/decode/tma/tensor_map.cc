@@ -67,14 +67,17 @@ cudaError_t make_kv_tensor_map(const DecodeKernelParams& p, Elem kv, CUtensorMap
 
 cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, CUtensorMap* map) {
   const bool sixteen = q == Elem::kBf16 || q == Elem::kFp16;
+  const bool e4m3 = q == Elem::kFp8E4M3;
+  const int64_t elem_bytes = e4m3 ? 1 : 2;
   const bool ragged = p.cum_seq_lens_q != nullptr;
   // A tile is 64 heads of one token, or 64 / H whole tokens; in the latter, a request's last tile
   // may run past its tokens, which must read as zeros: past q_len of a dense query (the box's
   // out-of-range rows), not the next request's tokens of a ragged one.
   const bool heads_whole = p.num_heads > 0 && p.num_heads % kTileRows == 0;
   const bool tokens_whole = p.num_heads > 0 && kTileRows % p.num_heads == 0 && !ragged;
-  if (!sixteen || p.kv_lora_rank != 512 || p.rope_dim != 64 || !(heads_whole || tokens_whole) ||
-      p.num_tokens <= 0 || reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
+  if (!(sixteen || e4m3) || p.kv_lora_rank != 512 || p.rope_dim != 64 ||
+      !(heads_whole || tokens_whole) || p.num_tokens <= 0 ||
+      reinterpret_cast<uintptr_t>(p.query) % 16 != 0) {
     return cudaErrorNotSupported;
   }
   const PFN_cuTensorMapEncodeTiled_v12000 encode = encode_fn();
@@ -88,19 +91,23 @@ cudaError_t make_query_tensor_map(const DecodeKernelParams& p, Elem q, CUtensorM
                               static_cast<cuuint64_t>(tokens), static_cast<cuuint64_t>(requests)};
   // NOTE: a dimension of one element still needs a stride the driver accepts: the run's extent.
   const int64_t batch_stride = ragged ? p.q_token * tokens : p.q_batch;
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_head * 2),
-                                 static_cast<cuuint64_t>(p.q_token * 2),
-                                 static_cast<cuuint64_t>(batch_stride * 2)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(p.q_head * elem_bytes),
+                                 static_cast<cuuint64_t>(p.q_token * elem_bytes),
+                                 static_cast<cuuint64_t>(batch_stride * elem_bytes)};
   for (const cuuint64_t st : strides) {
     if (st == 0 || st % 16 != 0) return cudaErrorNotSupported;
   }
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(heads_whole ? kTileRows : p.num_heads),
                              static_cast<cuuint32_t>(heads_whole ? 1 : kTileRows / p.num_heads), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type =
-      q == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = e4m3               ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : q == Elem::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // NOTE: 64 columns a box: 128 bytes of a 16-bit row (128-byte swizzle), 64 of an e4m3 row (the
+  // FP8 seesaw kernels' 64-byte swizzle).
   const CUresult r = encode(map, type, 4, const_cast<void*>(p.query), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            e4m3 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

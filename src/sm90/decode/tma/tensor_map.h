@@ -20,14 +20,15 @@ inline constexpr int kTileRows = 64;
 cudaError_t make_kv_tensor_map(const DecodeKernelParams& params, Elem kv, CUtensorMap* map,
                                bool e4m3_swizzled = false);
 
-// The 4-D tensor map (576, H, tokens, requests) over the query that the seesaw kernel loads its
+// The 4-D tensor map (576, H, tokens, requests) over the query that the seesaw kernels load their
 // query tiles through: boxes of 64 columns x 64 rows (64 heads of one token, or all H heads of
-// 64 / H tokens), 128-byte swizzle, so that nine boxes write the tile in SmemLayoutQ. Only for a
-// 16-bit query `q`, head dims (512, 64), and H a multiple of 64, or a divisor of 64 with a dense
-// query (a request's last tile then reads zeros past q_len); fails (no map) otherwise or where the
-// driver rejects the strides, and the consumers load the tile themselves. The callers add what
-// their kernels need: a cache of the query's type (dense), a uniform call of H a multiple of 64
-// (sparse).
+// 64 / H tokens), so that nine boxes write the tile in SmemLayoutQ: 128-byte swizzle for a 16-bit
+// query `q`, 64-byte for an e4m3 one (the FP8 seesaw kernels). Only for those, head dims (512,
+// 64), and H a multiple of 64, or a divisor of 64 with a dense query (a request's last tile then
+// reads zeros past q_len); fails (no map) otherwise or where the driver rejects the strides, and
+// the consumers load the tile themselves. The callers add what their kernels need: a cache of the
+// query's type and a kernel that reads the map (dense), a uniform call of a 16-bit query, H a
+// multiple of 64 (sparse).
 cudaError_t make_query_tensor_map(const DecodeKernelParams& params, Elem q, CUtensorMap* map);
 
 }  // namespace mla::sm90::tma
