@@ -407,17 +407,8 @@ __global__ void __launch_bounds__((kSeesawThreads<Q, KV, kPair, kSparse, kTokenR
           named_barrier_sync<kAlignedBars>(barrier_id(NamedBarrier::kConsumers),
                                            Traits::kConsumerThreads);
           if (ctid == 0) {
-            // Heads h0 .. h0 + 63 of token i (H a multiple of 64), or every head of tokens i ..
-            // i + 64 / H - 1 (h0 = 0; H divides 64).
-            const int i = w.row0 / p.num_heads, h0 = w.row0 - i * p.num_heads;
-            const bool ragged = p.cum_seq_lens_q != nullptr;
-            mbar_arrive_expect_tx(&smem.q_full, kRows * Traits::kD * Traits::kStageElemBytes);
-#pragma unroll
-            for (int c = 0; c < Traits::kChunks; ++c) {
-              tma::tma_load_4d(smem.q + c * kRows * Traits::kChunkCols, &q_map, &smem.q_full,
-                               c * Traits::kChunkCols, h0, ragged ? w.token0 + i : i,
-                               ragged ? 0 : w.b);
-            }
+            tma::issue_query_tile<Traits::kChunks, Traits::kChunkCols, Traits::kStageElemBytes>(
+                p, w, &q_map, &smem.q_full, smem.q);
           }
           if (w.whole && ctid < kRows) set_out_row(p, smem, w, tile_rows, ctid);
           mbar_wait(&smem.q_full, q_phase);
