@@ -137,6 +137,35 @@ __device__ __forceinline__ RowTarget fp8_finish_segment_row(const DecodeKernelPa
   return RowTarget{offset, scale};
 }
 
+// A segment's e4m3 query tile into `smem.q` (64-byte swizzle; padding rows 0) and its rows' NaN
+// flags cleared, by the kThreads consumer threads (`ctid`): with `query_tma`, the boxes through
+// `q_map` (kAsk: consumer thread 0 asks for them here; else the caller has) and a wait for them
+// on smem.q_full (phase `q_phase`, flipped), else the consumers' loads (`sync`: their barrier;
+// fenced for the GEMMs). The caller syncs the consumers after it.
+template <int kThreads, bool kAsk, typename Plan, typename Sync>
+__device__ __forceinline__ void fp8_segment_query_tile(const DecodeKernelParams& p,
+                                                       const tma::TileWork& w, int tile_rows,
+                                                       Plan& smem, int ctid, bool query_tma,
+                                                       const CUtensorMap* q_map, uint32_t& q_phase,
+                                                       Sync sync) {
+  constexpr int kRows = tma::kTileRows;
+  constexpr int kChunkCols = 64, kChunks = 576 / kChunkCols;  // the e4m3 tile's 64-byte chunks
+  if (query_tma) {
+    if (kAsk && ctid == 0) {
+      tma::issue_query_tile<kChunks, kChunkCols, 1>(p, w, q_map, &smem.q_full, smem.q);
+    }
+    if (ctid < kRows) smem.row_nan[ctid] = 0;
+    tma::mbar_wait(&smem.q_full, q_phase);
+    q_phase ^= 1;
+  } else {
+    tma::load_query_tile_rows<kRows, kThreads, void, true>(
+        p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid, sync, [&] {
+          if (ctid < kRows) smem.row_nan[ctid] = 0;
+        });
+    tma::fence_proxy_async_smem();
+  }
+}
+
 // O^T values x, y of V columns d and d + 1 of one row (at `o` in `base`, out or partial_o) times
 // f in the out type: one 4-byte store (`words`), else two 2-byte ones, the second only where
 // d + 1 < cols; a row whose f is 0 gets zeros.

@@ -210,26 +210,12 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
       tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
       continue;
     }
-    // ---- the query tile (e4m3, 64-byte swizzle; padding rows 0) ----
-    if (query_tma) {
-      // NOTE: every GEMM of the previous segment is complete (both consumers passed its end's
-      // barriers), so its tile's bytes are free for the boxes.
-      if (ctid == 0) {
-        tma::issue_query_tile<Traits::kChunks, Traits::kChunkCols, 1>(p, w, &q_map, &smem.q_full,
-                                                                      smem.q);
-      }
-      if (ctid < kRows) smem.row_nan[ctid] = 0;
-      mbar_wait(&smem.q_full, q_phase);
-      q_phase ^= 1;
-    } else {
-      tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
-          p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-          [] { named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads); },
-          [&] {
-            if (ctid < kRows) smem.row_nan[ctid] = 0;
-          });
-      tma::fence_proxy_async_smem();
-    }
+    // ---- the query tile ----
+    // NOTE: every GEMM of the previous segment is complete (both consumers passed its end's
+    // barriers), so its tile's bytes are free for the boxes.
+    fp8_segment_query_tile<Traits::kConsumerThreads, true>(
+        p, w, tile_rows, smem, ctid, query_tma, &q_map, q_phase,
+        [] { named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads); });
     named_barrier_sync(fp8_barrier(Fp8Barrier::kConsumers), Traits::kConsumerThreads);
     clear(tOrO);
     warpgroup_fence_operand(tOrO);

@@ -248,19 +248,9 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
         sync_consumers();
         continue;
       }
-      // ---- the query tile (e4m3, 64-byte swizzle; padding rows 0) ----
-      if (query_tma) {  // asked for in next_segment
-        if (ctid < kRows) smem.row_nan[ctid] = 0;
-        mbar_wait(&smem.q_full, q_phase);
-        q_phase ^= 1;
-      } else {
-        tma::load_query_tile_rows<kRows, Traits::kConsumerThreads, void, true>(
-            p, w, tile_rows, reinterpret_cast<uint8_t*>(smem.q), smem.query_row, ctid,
-            sync_consumers, [&] {
-              if (ctid < kRows) smem.row_nan[ctid] = 0;
-            });
-        tma::fence_proxy_async_smem();
-      }
+      // ---- the query tile (with p.query_tma asked for in next_segment) ----
+      fp8_segment_query_tile<Traits::kConsumerThreads, false>(
+          p, w, tile_rows, smem, ctid, query_tma, &q_map, q_phase, sync_consumers);
       sync_consumers();
       clear(tOrO);
       warpgroup_fence_operand(tOrO);
