@@ -72,10 +72,12 @@ struct Config {
   bool layer = false;      // --layer: the plan made before the capture; the graph holds run() alone
   bool allow_cpu = false;  // let a suite run on the cpu backend
   std::string kv_format = "plain";  // plain (the cache in --dtype's type) or fp8_ds_mla
+  std::string ds_scales = "amax";   // fp8_ds_mla group scales: amax / 448, or that as ue8m0
   int64_t top_k = 0;                // --sparse-top-k: > 0 selects sparse mode
   int64_t topk_len_mean = 0;        // > 0: per-request sparse_topk_lens with this mean
   bool dtype_given = false;         // --dtype was given (the sparse suite's rows set their own)
   bool kv_format_given = false;     // --kv-format was given (likewise)
+  bool ds_scales_given = false;     // --ds-scales was given
 };
 
 constexpr uint64_t kInt32Max = 2147483647;
@@ -100,6 +102,10 @@ void usage() {
       "  --kv-format F    plain | fp8_ds_mla (default plain: the cache in --dtype's cache type;\n"
       "                   fp8_ds_mla: DeepSeek-V3.2's uint8 [P, page_size, 656] rows, 512 e4m3\n"
       "                   values quantized per 128 with fp32 scales + 64 bf16 rope; --dtype bf16)\n"
+      "  --ds-scales S    amax | ue8m0: fp8_ds_mla's group scales, amax / 448 as vLLM writes them\n"
+      "                   (default) or that rounded up to a power of two as DeepSeek's and\n"
+      "                   FlashMLA's quantizers write them (with --kv-format fp8_ds_mla, or\n"
+      "                   --suite sparse for its fp8_ds_mla rows)\n"
       "  --sparse-top-k K sparse top-k mode, 0..2147483647 (default 0: dense): each query token\n"
       "                   gets K flat slots (page * page_size + offset) of distinct tokens drawn\n"
       "                   from its request's own pages, among those it sees causally; -1 pads a\n"
@@ -208,6 +214,11 @@ void check_combinations(const Config& c) {
         "e4m3 values, fp32 scales and bf16 rope), got --dtype " +
         c.dtype);
   }
+  if (c.ds_scales_given && c.kv_format != "fp8_ds_mla" && c.suite != "sparse") {
+    throw UsageError("--ds-scales " + c.ds_scales +
+                     ": needs --kv-format fp8_ds_mla (or --suite sparse, whose fp8_ds_mla rows "
+                     "take it)");
+  }
   if (c.kv_format == "fp8_ds_mla" && (c.kv_lora_rank != 512 || c.rope_dim != 64)) {
     throw UsageError("--kv-format fp8_ds_mla: needs --head-dims 512,64 (its rows hold 512 + 64)");
   }
@@ -255,6 +266,9 @@ bool parse_args(int argc, char** argv, Config& c) {
     } else if (a == "--kv-format") {
       c.kv_format = one_of(a, value(), {"plain", "fp8_ds_mla"});
       c.kv_format_given = true;
+    } else if (a == "--ds-scales") {
+      c.ds_scales = one_of(a, value(), {"amax", "ue8m0"});
+      c.ds_scales_given = true;
     } else if (a == "--sparse-top-k") {
       c.top_k = static_cast<int64_t>(count(0, kInt32Max));
     } else if (a == "--topk-len-mean") {
@@ -389,6 +403,7 @@ double step_bytes(const Config& c, const Step& s, double cache_pages, double max
 // its dtype; empty for a dense plain one.
 std::string mode_text(const Config& c) {
   std::string t = c.kv_format == "plain" ? "" : ", cache " + c.kv_format;
+  if (c.kv_format == "fp8_ds_mla" && c.ds_scales != "amax") t += " (" + c.ds_scales + " scales)";
   if (c.top_k > 0) t += ", sparse top_k " + std::to_string(c.top_k);
   if (c.topk_len_mean > 0) t += " (topk lens mean " + std::to_string(c.topk_len_mean) + ")";
   return t;
@@ -488,10 +503,11 @@ uint8_t to_e4m3(float x) {
 }
 
 // Fills `rows` fp8_ds_mla rows of `buf` from values of roughly unit scale, quantized as
-// DeepSeek-V3.2 does: each group of 128 latent values gets the fp32 scale amax / 448 and stores
+// DeepSeek-V3.2 does: each group of 128 latent values gets the fp32 scale amax / 448 (`ue8m0`:
+// that rounded up to a power of two, as DeepSeek's and FlashMLA's quantizers round it) and stores
 // value / scale in e4m3; the 64 rope values are stored in bf16. Blocks of rows are filled on every
 // hardware thread, each from its own seed, so the cache depends on --seed alone.
-void fill_ds_mla(std::vector<uint8_t>& buf, int64_t rows, uint64_t seed) {
+void fill_ds_mla(std::vector<uint8_t>& buf, int64_t rows, uint64_t seed, bool ue8m0) {
   constexpr int64_t kBlock = 4096;  // rows per seed
   buf.assign(static_cast<size_t>(rows * kDsMlaRowBytes), 0);
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
@@ -506,7 +522,8 @@ void fill_ds_mla(std::vector<uint8_t>& buf, int64_t rows, uint64_t seed) {
         for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
           amax = std::max(amax, std::fabs(x[k]));
         }
-        const float scale = std::max(amax, 1e-4f) / 448.0f;
+        float scale = std::max(amax, 1e-4f) / 448.0f;
+        if (ue8m0) scale = std::exp2(std::ceil(std::log2(scale)));
         std::memcpy(row + kDsMlaLatent + 4 * g, &scale, 4);
         for (int64_t k = g * kDsMlaGroup; k < (g + 1) * kDsMlaGroup; ++k) {
           row[k] = to_e4m3(std::clamp(x[k] / scale, -448.0f, 448.0f));
@@ -596,7 +613,7 @@ void build_step(const Config& c, Step& s) {
   }
   fill_random(s.query, s.q_dtype, static_cast<size_t>(c.batch * c.q_len * c.heads * D), c.seed);
   if (s.ds_mla) {
-    fill_ds_mla(s.kv, s.num_pages * c.page_size, c.seed);
+    fill_ds_mla(s.kv, s.num_pages * c.page_size, c.seed, c.ds_scales == "ue8m0");
   } else {
     fill_random(s.kv, s.kv_dtype, static_cast<size_t>(s.num_pages * c.page_size * D),
                 c.seed ^ 0x9B05688Cull);

@@ -97,6 +97,8 @@ expect 2 "--suite sparse: each row sets its own" "drop --head-dims" -- \
   --suite sparse --head-dims 512,0
 expect 2 "--kv-format fp8_ds_mla: needs --head-dims 512,64" -- \
   --kv-format fp8_ds_mla --head-dims 256,64
+expect 2 "--ds-scales: expected amax or ue8m0, got 'pow2'" -- --kv-format fp8_ds_mla --ds-scales pow2
+expect 2 "--ds-scales ue8m0: needs --kv-format fp8_ds_mla" -- --ds-scales ue8m0
 
 # Flags this machine or backend cannot run: refused before any work, still status 2.
 expect 2 "--suite goals: the table would run on the cpu backend" "--allow-cpu" -- \

@@ -25,12 +25,18 @@ constexpr int kLatent = 512;
 constexpr int kGroup = 128;  // latent values per fp32 scale
 constexpr double kFp8Max = 448.0;
 
+// How a row's group scales are chosen: amax / 448 (vLLM), that rounded up to a power of two
+// (ue8m0: DeepSeek's and FlashMLA's quantizers), or by row, ue8m0 on even slots (mixed).
+enum class Scales { kAmax, kUe8m0, kMixed };
+
 // Encodes the 576 values `x` as one 656-byte row; returns through `decoded` what the row holds.
-inline void encode_row(const double* x, uint8_t* row, double* decoded) {
+// ue8m0: each scale rounded up to a power of two.
+inline void encode_row(const double* x, uint8_t* row, double* decoded, bool ue8m0 = false) {
   for (int g = 0; g < kLatent / kGroup; ++g) {
     double amax = 0.0;
     for (int k = g * kGroup; k < (g + 1) * kGroup; ++k) amax = std::max(amax, std::fabs(x[k]));
-    const float scale = static_cast<float>(std::max(amax, 1e-4) / kFp8Max);
+    float scale = static_cast<float>(std::max(amax, 1e-4) / kFp8Max);
+    if (ue8m0) scale = std::exp2(std::ceil(std::log2(scale)));
     std::memcpy(row + kLatent + 4 * g, &scale, 4);
     for (int k = g * kGroup; k < (g + 1) * kGroup; ++k) {
       const double q = std::clamp(x[k] / scale, -kFp8Max, kFp8Max);
@@ -58,8 +64,9 @@ inline int64_t row_offset(const decode_case::Case& c, int64_t slot) {
 // Switches a built case (L 512, R 64, bfloat16 query) to an fp8_ds_mla cache held in `storage`:
 // every live row of the oracle's pool is quantized (and the oracle sees the decoded values), every
 // NaN row stays NaN. The cache is [P, page_size, 656] (with c.kv4d [P, 1, page_size, 656]), its
-// rows and pages padded with NaN bytes when c.strided.
-inline void use_fp8_ds_mla(decode_case::Built& b, std::vector<uint8_t>& storage) {
+// rows and pages padded with NaN bytes when c.strided. `scales`: how each row's scales are chosen.
+inline void use_fp8_ds_mla(decode_case::Built& b, std::vector<uint8_t>& storage,
+                           Scales scales = Scales::kAmax) {
   const decode_case::Case& c = b.c;
   if (c.L != kLatent || c.R != kValues - kLatent || c.q_dtype != mla::dtype::kBFloat16) {
     throw std::invalid_argument("use_fp8_ds_mla: needs L 512, R 64 and a bfloat16 query");
@@ -75,7 +82,8 @@ inline void use_fp8_ds_mla(decode_case::Built& b, std::vector<uint8_t>& storage)
       continue;
     }
     std::vector<double> decoded(kValues);
-    encode_row(x, row, decoded.data());
+    encode_row(x, row, decoded.data(),
+               scales == Scales::kUe8m0 || (scales == Scales::kMixed && slot % 2 == 0));
     std::copy(decoded.begin(), decoded.end(), x);
   }
   b.params.kv_cache =

@@ -60,9 +60,17 @@ struct SparseCase {
   // rows then load a block ahead: seesaw::kAheadMinBlocks).
   int min_split_blocks = 0;
   bool ordered = false;  // the route starts the tokens longest first (params.h, sparse_order)
+  // fp8_ds_mla: how the rows' group scales are chosen (amax / 448 as vLLM writes them, powers of
+  // two as DeepSeek's and FlashMLA's quantizers write them, or rows of both).
+  ds_mla::Scales scales = ds_mla::Scales::kAmax;
 };
 
-std::string name_of(const SparseCase& s) { return case_name(s.c) + (s.ds_mla ? "_dsmla" : ""); }
+std::string name_of(const SparseCase& s) {
+  const char* scales = s.scales == ds_mla::Scales::kUe8m0   ? "_ue8m0"
+                       : s.scales == ds_mla::Scales::kMixed ? "_mixedscales"
+                                                            : "";
+  return case_name(s.c) + (s.ds_mla ? std::string("_dsmla") + scales : "");
+}
 
 std::ostream& operator<<(std::ostream& os, const SparseCase& s) { return os << name_of(s); }
 
@@ -113,7 +121,7 @@ Prepared prepare(const SparseCase& s, const std::function<void(Built&)>& edit = 
   if (edit) edit(*p.b);
   poison_unnamed_slots(*p.b);
   p.ds_mla = s.ds_mla;
-  if (s.ds_mla) ds_mla::use_fp8_ds_mla(*p.b, p.cache);
+  if (s.ds_mla) ds_mla::use_fp8_ds_mla(*p.b, p.cache, s.scales);
   return p;
 }
 
@@ -206,6 +214,13 @@ std::vector<SparseCase> block_cases() {
   add(sparse(2, 128, 2, 128, {1000, 130}, 16))->min_splits = 2;
   // The pair's gather (e4m3 rows, two tiles): splits of many blocks, one block, partial blocks.
   add(with_format(sparse(2, 128, 1, 2048, {2048, 5000}, 64), Format::kDsMla))->min_splits = 2;
+  // ... over power-of-two scales (DeepSeek's and FlashMLA's quantizers), and over rows of both
+  // kinds.
+  for (ds_mla::Scales scales : {ds_mla::Scales::kUe8m0, ds_mla::Scales::kMixed}) {
+    SparseCase* s = add(with_format(sparse(2, 128, 1, 2048, {2048, 5000}, 64), Format::kDsMla));
+    s->min_splits = 2;
+    s->scales = scales;
+  }
   add(with_format(sparse(3, 128, 1, 64, {100, 64, 63}, 16), Format::kFp8));
   add(with_format(sparse(3, 96, 2, 128, {1000, 129, 127}, 1), Format::kBf16Fp8));
   // The seesaw kernel's unpaired fp8_ds_mla rows loaded ahead (64 heads, one split of 16 blocks
@@ -224,6 +239,10 @@ std::vector<SparseCase> block_cases() {
   ahead(70, 1, 64, TopkLens::kNone);
   ahead(35, 2, 16, TopkLens::kPerToken);
   ahead(140, 1, 64, TopkLens::kPerRequest);
+  for (ds_mla::Scales scales : {ds_mla::Scales::kUe8m0, ds_mla::Scales::kMixed}) {
+    ahead(70, 1, 64, TopkLens::kNone);
+    cases.back().scales = scales;
+  }
   // ... over several splits (kAheadMinBlocks blocks a split and more): a split's first block at
   // a later entry, splits past a short request's extent, a shorter last split.
   auto ahead_splits = [&](int B, int top_k, int page_size, TopkLens lens, int min_splits) {
@@ -477,7 +496,9 @@ INSTANTIATE_TEST_SUITE_P(Fp8Direct, Sm90Sparse, ::testing::ValuesIn(direct_cases
 // scale)) (fp8_ds_mla::gather_rounded_kv), the result must meet the 16-bit formats' tolerance
 // (against the exact oracle the rounding alone exceeds it up to twice: this pins the documented
 // rounding, tma/gather.cuh). The latent groups here differ in magnitude (x 1/4, 1, 4 and 1/2, and x
-// 1/2, 1 or 2 by row), so that a scale taken from the wrong group or row shows too.
+// 1/2, 1 or 2 by row), so that a scale taken from the wrong group or row shows too. Each scale
+// choice: amax / 448, powers of two (there the rounded values are the exact ones), and rows of
+// both kinds.
 TEST(Sm90SparseDsMla, MatchesTheOracleOverBf16RoundedValues) {
   SKIP_WITHOUT_HOPPER();
   auto spread_groups = [](Built& b) {  // on the oracle's values, which use_fp8_ds_mla encodes
@@ -490,24 +511,28 @@ TEST(Sm90SparseDsMla, MatchesTheOracleOverBf16RoundedValues) {
       }
     }
   };
-  for (int H : {16, 128}) {
-    SparseCase s = with_format(sparse(3, H, 2, 256, {900, 300, 100}, 16), Format::kDsMla);
-    s.c.sinks = H == 16;
-    s.c.seed = 5700 + H;
-    SCOPED_TRACE(name_of(s));
-    Prepared p = prepare(s, spread_groups);
-    DeviceCall call(*p.b, p.kv_bytes());
-    const Route route = route_on_device(call.params);
-    expect_route(route, s);
-    ASSERT_TRUE(run_on_gpu(call.params));
-    call.download(*p.b);
-    if (sm90_ds_direct(route)) {
-      // The direct route computes with the exact values (check_sm90_ds_mla: its allowance for the
-      // fp16 query's and P's rounding below their normal ranges).
-      check_sm90_ds_mla(*p.b, route, p.cache);
-    } else {
-      p.b->in.kv = ds_mla::gather_rounded_kv(p.b->in);
-      check_sm90(*p.b);
+  for (ds_mla::Scales scales :
+       {ds_mla::Scales::kAmax, ds_mla::Scales::kUe8m0, ds_mla::Scales::kMixed}) {
+    for (int H : {16, 128}) {
+      SparseCase s = with_format(sparse(3, H, 2, 256, {900, 300, 100}, 16), Format::kDsMla);
+      s.c.sinks = H == 16;
+      s.c.seed = 5700 + H + 10 * static_cast<int>(scales);
+      s.scales = scales;
+      SCOPED_TRACE(name_of(s));
+      Prepared p = prepare(s, spread_groups);
+      DeviceCall call(*p.b, p.kv_bytes());
+      const Route route = route_on_device(call.params);
+      expect_route(route, s);
+      ASSERT_TRUE(run_on_gpu(call.params));
+      call.download(*p.b);
+      if (sm90_ds_direct(route)) {
+        // The direct route computes with the exact values (check_sm90_ds_mla: its allowance for the
+        // fp16 query's and P's rounding below their normal ranges).
+        check_sm90_ds_mla(*p.b, route, p.cache);
+      } else {
+        p.b->in.kv = ds_mla::gather_rounded_kv(p.b->in);
+        check_sm90(*p.b);
+      }
     }
   }
 }
