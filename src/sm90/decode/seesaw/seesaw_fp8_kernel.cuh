@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         float block_max[2] = {kNegInf, kNegInf};
         bool neg_inf[2] = {false, false};
         if (unmasked) {
-          unmasked_block_max(tSrS, block_max, neg_inf);
+          unmasked_block_max</*kFinite=*/true>(tSrS, block_max, neg_inf);
         } else {
           fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);
         }

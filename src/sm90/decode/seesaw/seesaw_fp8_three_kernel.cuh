@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             float block_max[2] = {kNegInf, kNegInf};
             bool neg_inf[2] = {false, false};
             if (unmasked) {
-              unmasked_block_max(tSrS, block_max, neg_inf);
+              unmasked_block_max</*kFinite=*/true>(tSrS, block_max, neg_inf);
             } else {
               // Masks: as the seesaw kernel (rule per S row; padding rows do not count).
               tma::RowRule rule[2];
