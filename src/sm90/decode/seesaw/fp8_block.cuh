@@ -67,8 +67,10 @@ __device__ __forceinline__ void fp8_store_p(Frag& s, float s_mul, float shift,
 // the B operand `p_frag`, each m tile's two k steps into the partial `t` and promoted into `o` with
 // the factors a of the thread's 16 rows (`scale`: 64 floats, the block's). kAhead: each m tile's
 // fragments load under the previous tile's GEMMs (two buffers); else after its wait (one).
-template <int kMTiles, bool kAhead, typename Mma, typename FragA, typename FragB, typename Acc,
-          typename AccO>
+// kFactorsAhead: the factors load once, under the first tile's GEMMs (16 registers); else after
+// each tile's wait, where the promotion waits for them.
+template <int kMTiles, bool kAhead, bool kFactorsAhead, typename Mma, typename FragA,
+          typename FragB, typename Acc, typename AccO>
 __device__ __forceinline__ void fp8_pv_pass(Mma& mma, FragA& a_frag, FragB& p_frag, Acc& t, AccO& o,
                                             uint32_t stage_addr, int chunk0, const float* scale,
                                             int warp, int lane) {
@@ -79,18 +81,27 @@ __device__ __forceinline__ void fp8_pv_pass(Mma& mma, FragA& a_frag, FragB& p_fr
     few_rows::load_fp8_v_fragment(stage_addr, chunk0 + m, warp, lane, frag[buf(m)]);
   };
   auto issue = [&](int m) { few_rows::issue_fp8_pv(mma, a_frag, p_frag, t, frag[buf(m)]); };
+  constexpr int kPairs = decltype(size(t))::value / 4;
+  // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor pair a
+  // load.
+  auto factors = [&](int j) {
+    return *reinterpret_cast<const float2*>(&scale[8 * j + 2 * (lane & 3)]);
+  };
+  float2 ahead[kFactorsAhead ? kPairs : 1];
   load(0);
   issue(0);
+  if constexpr (kFactorsAhead) {
+    CUTE_UNROLL
+    for (int j = 0; j < kPairs; ++j) ahead[j] = factors(j);
+  }
   CUTE_UNROLL
   for (int m = 0; m < kMTiles; ++m) {
     if (kAhead && m + 1 < kMTiles) load(m + 1);
     warpgroup_wait<0>();
     warpgroup_fence_operand(t);
-    // Values 4j .. 4j + 3 are rows 8j + 2q (even values) and 8j + 2q + 1 (odd): one factor pair a
-    // load.
     CUTE_UNROLL
-    for (int j = 0; j < size(t) / 4; ++j) {
-      const float2 f = *reinterpret_cast<const float2*>(&scale[8 * j + 2 * (lane & 3)]);
+    for (int j = 0; j < kPairs; ++j) {
+      const float2 f = kFactorsAhead ? ahead[j] : factors(j);
       CUTE_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * j + e;

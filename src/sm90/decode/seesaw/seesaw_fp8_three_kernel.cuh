@@ -268,11 +268,11 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
                             reinterpret_cast<uint8_t*>(smem.k[stage]) + Traits::kRopeChunkBytes)),
                         Traits::SmemLayoutP{});
         Tensor tOrP = thr_pv.partition_fragment_B(sP);  // (MMA, 1, 2)
-        // NOTE: the helper loads the next m tile's fragments after the wait (its O^T holds 128
-        // registers), the owners under it.
-        fp8_pv_pass<kMTiles, !kHelper>(mma_pv, tOrA, tOrP, tOrT, tOrO,
-                                       tma::smem_addr(smem.k[stage]), col0 / 64,
-                                       &smem.scale[stage][0], warp, lane);
+        // NOTE: the helper loads the next m tile's fragments and the factors after each wait (its
+        // O^T holds 128 registers), the owners under the GEMMs.
+        fp8_pv_pass<kMTiles, !kHelper, !kHelper>(mma_pv, tOrA, tOrP, tOrT, tOrO,
+                                                 tma::smem_addr(smem.k[stage]), col0 / 64,
+                                                 &smem.scale[stage][0], warp, lane);
       };
 
       const int num_blocks = w.block_end - w.block_begin;
@@ -330,11 +330,40 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             // ---- mask; row max; softmax; P into the rope chunk (e4m3) ----
             const bool unmasked =
                 p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= smem.tile_limit;
-            const float s_mul = unmasked ? score_scale : 1.0f;
             float block_max[2] = {kNegInf, kNegInf};
             bool neg_inf[2] = {false, false};
+            float m_new[2], a_new[2];
+            uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
+            // The new maxima, the factors and P (e4m3) into the rope chunk, which only S read:
+            // once in each branch below, so that the branches do not join over the block's scores
+            // (at a join the unmasked path copied them into the masked path's registers).
+            auto softmax_p = [&](float s_mul) {
+#pragma unroll
+              for (int s = 0; s < 2; ++s) {
+                block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
+                block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
+                block_max[s] *= s_mul;
+                m_new[s] = fmaxf(m_in[s], block_max[s]);
+                const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];
+                a_new[s] = m_new[s] == kNegInf ? 1.0f : tma::exp2_ftz(m_in[s] - m_use);
+                // This consumer's sums were relative to its own last max.
+                const float own_a =
+                    row_max[s] == m_new[s] ? 1.0f : tma::exp2_ftz(row_max[s] - m_use);
+                row_sum[s] *= own_a;
+                if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
+                block_max[s] = m_use;
+                row_max[s] = m_new[s];
+              }
+              fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
+                          stage_bytes + Traits::kRopeChunkBytes, my_row, lane);
+              // NOTE: the row sums' additions stay here (an empty asm on the sums): sunk past the V
+              // clean-up branch below, they kept the 32 P values live across it
+              // (docs/perf-notes.md, Change 127).
+              asm volatile("" : "+f"(row_sum[0]), "+f"(row_sum[1]));
+            };
             if (unmasked) {
               unmasked_block_max</*kFinite=*/true>(tSrS, block_max, neg_inf);
+              softmax_p(score_scale);
             } else {
               // Masks: as the seesaw kernel (rule per S row; padding rows do not count).
               tma::RowRule rule[2];
@@ -345,27 +374,8 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
                                               my_row[s] < min(kRows, sw.rows - sw.row0));
               }
               fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);
+              softmax_p(1.0f);
             }
-            float m_new[2], a_new[2];
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-              block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
-              block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-              block_max[s] *= s_mul;
-              m_new[s] = fmaxf(m_in[s], block_max[s]);
-              const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];
-              a_new[s] = m_new[s] == kNegInf ? 1.0f : exp2f(m_in[s] - m_use);
-              // This consumer's sums were relative to its own last max.
-              const float own_a = row_max[s] == m_new[s] ? 1.0f : exp2f(row_max[s] - m_use);
-              row_sum[s] *= own_a;
-              if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
-              block_max[s] = m_use;
-              row_max[s] = m_new[s];
-            }
-            // P (e4m3) into the rope chunk, which only S read.
-            uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
-            fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
-                        stage_bytes + Traits::kRopeChunkBytes, my_row, lane);
             // V rows past the extent become 0, and draft keys some row of the tile does not
             // attend lose non-finite values (every consumer reads its V columns after the
             // hand-off).
