@@ -33,6 +33,21 @@ __device__ __forceinline__ void fp8_masked_scores(Frag& s, const Coords& c,
   }
 }
 
+// One of the thread's two rows: its block max (block_max: the thread's own scores' largest)
+// across the row's four lanes, times s_mul, against the running max m_in: the new max m_new, the
+// factor a_new = exp2(m_in - m_use), and m_use (m_new, or 0 where no score of the row is finite
+// yet, where a_new is 1) into block_max, the reference P is taken against (fp8_store_p).
+__device__ __forceinline__ void fp8_new_max(float& block_max, float m_in, float s_mul, float& m_new,
+                                            float& a_new) {
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 2));
+  block_max *= s_mul;
+  m_new = fmaxf(m_in, block_max);
+  const float m_use = m_new == kNegInf ? 0.0f : m_new;
+  a_new = m_new == kNegInf ? 1.0f : tma::exp2_ftz(m_in - m_use);
+  block_max = m_use;
+}
+
 // P' = 2^shift exp2(s s_mul - m) of the thread's two rows (m = max[slot]) added to row_sum, then
 // stored as e4m3 into `p_bytes` (the block's rope chunk, 64 rows of 64 bytes): keys 16g + {2q,
 // 2q + 1, 2q + 8, 2q + 9} of a row are k slots 16g + 4q .. + 3 (few_rows::fp8_p_slot), one 4-byte

@@ -326,13 +326,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
             if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
-            block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
-            block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-            block_max[s] *= s_mul;
-            m_new[s] = fmaxf(m_in[s], block_max[s]);
-            const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];
-            a_new[s] = m_new[s] == kNegInf ? 1.0f : tma::exp2_ftz(m_in[s] - m_use);
-            block_max[s] = m_use;
+            fp8_new_max(block_max[s], m_in[s], s_mul, m_new[s], a_new[s]);
             row_sum[s] *= a_new[s];
           }
           fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,

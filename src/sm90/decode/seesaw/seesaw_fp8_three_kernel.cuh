@@ -340,18 +340,12 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             auto softmax_p = [&](float s_mul) {
 #pragma unroll
               for (int s = 0; s < 2; ++s) {
-                block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 1));
-                block_max[s] = fmaxf(block_max[s], __shfl_xor_sync(0xffffffffu, block_max[s], 2));
-                block_max[s] *= s_mul;
-                m_new[s] = fmaxf(m_in[s], block_max[s]);
-                const float m_use = m_new[s] == kNegInf ? 0.0f : m_new[s];
-                a_new[s] = m_new[s] == kNegInf ? 1.0f : tma::exp2_ftz(m_in[s] - m_use);
-                // This consumer's sums were relative to its own last max.
+                fp8_new_max(block_max[s], m_in[s], s_mul, m_new[s], a_new[s]);
+                // This consumer's sums were relative to its own last max (block_max: m_use).
                 const float own_a =
-                    row_max[s] == m_new[s] ? 1.0f : tma::exp2_ftz(row_max[s] - m_use);
+                    row_max[s] == m_new[s] ? 1.0f : tma::exp2_ftz(row_max[s] - block_max[s]);
                 row_sum[s] *= own_a;
                 if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
-                block_max[s] = m_use;
                 row_max[s] = m_new[s];
               }
               fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
