@@ -12,23 +12,31 @@ namespace mla::sm90::seesaw {
 // where the row holds an attended score of -inf (its row then turns NaN, contract section 1.2).
 // NOTE: one largest |s| over both rows finds the rare block that holds an infinity; a flag per
 // score cost the hot shapes 2 to 4%.
-// kFinite: the scores cannot be infinite (an e4m3 query over an e4m3 cache: e4m3 has no inf and
-// |s| <= 576 x 448^2 < 2^27 before the scale is applied), so the maxima alone; a NaN score still
-// turns its row NaN through P.
-template <bool kFinite = false, typename Frag>
+template <typename Frag>
 __device__ __forceinline__ void unmasked_block_max(const Frag& s, float (&block_max)[2],
                                                    bool (&neg_inf)[2]) {
   float abs_max = 0.0f;
   CUTE_UNROLL
   for (int v = 0; v < cute::size(s); ++v) {
     block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], s(v));
-    if constexpr (!kFinite) abs_max = fmaxf(abs_max, fabsf(s(v)));
+    abs_max = fmaxf(abs_max, fabsf(s(v)));
   }
-  if (!kFinite && abs_max == kInf) {
+  if (abs_max == kInf) {
     CUTE_UNROLL
     for (int v = 0; v < cute::size(s); ++v) {
       neg_inf[(v >> 1) & 1] = neg_inf[(v >> 1) & 1] || s(v) == kNegInf;
     }
+  }
+}
+
+// The same where the scores cannot be infinite (an e4m3 query over an e4m3 cache: e4m3 has no inf
+// and |s| <= 576 x 448^2 < 2^27 before the scale is applied): the maxima alone; a NaN score still
+// turns its row NaN through P.
+template <typename Frag>
+__device__ __forceinline__ void finite_block_max(const Frag& s, float (&block_max)[2]) {
+  CUTE_UNROLL
+  for (int v = 0; v < cute::size(s); ++v) {
+    block_max[(v >> 1) & 1] = fmaxf(block_max[(v >> 1) & 1], s(v));
   }
 }
 

@@ -316,7 +316,6 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         const bool unmasked =
             p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
         float block_max[2] = {kNegInf, kNegInf};
-        bool neg_inf[2] = {false, false};
         float m_new[2], a_new[2];
         uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
         // The new maxima, the factors and P (e4m3) into the rope chunk, which only S read: once
@@ -325,7 +324,6 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
         auto softmax_p = [&](float s_mul) {
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
-            if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
             fp8_new_max(block_max[s], m_in[s], s_mul, m_new[s], a_new[s]);
             row_sum[s] *= a_new[s];
           }
@@ -337,7 +335,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
           asm volatile("" : "+f"(row_sum[0]), "+f"(row_sum[1]));
         };
         if (unmasked) {
-          unmasked_block_max</*kFinite=*/true>(tSrS, block_max, neg_inf);
+          finite_block_max(tSrS, block_max);
           softmax_p(score_scale);
         } else {
           fp8_masked_scores(tSrS, tScS, rule, key0, score_scale, block_max);

@@ -331,7 +331,6 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
             const bool unmasked =
                 p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= smem.tile_limit;
             float block_max[2] = {kNegInf, kNegInf};
-            bool neg_inf[2] = {false, false};
             float m_new[2], a_new[2];
             uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
             // The new maxima, the factors and P (e4m3) into the rope chunk, which only S read:
@@ -345,7 +344,6 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
                 const float own_a =
                     row_max[s] == m_new[s] ? 1.0f : tma::exp2_ftz(row_max[s] - block_max[s]);
                 row_sum[s] *= own_a;
-                if (neg_inf[s]) row_sum[s] = __int_as_float(0x7fffffff);
                 row_max[s] = m_new[s];
               }
               fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
@@ -356,7 +354,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
               asm volatile("" : "+f"(row_sum[0]), "+f"(row_sum[1]));
             };
             if (unmasked) {
-              unmasked_block_max</*kFinite=*/true>(tSrS, block_max, neg_inf);
+              finite_block_max(tSrS, block_max);
               softmax_p(score_scale);
             } else {
               // Masks: as the seesaw kernel (rule per S row; padding rows do not count).
