@@ -62,6 +62,9 @@ __device__ __forceinline__ void fp8_store_p(Frag& s, float s_mul, float shift,
     s(v) = tma::exp2_ftz(fmaf(s(v), s_mul, shift - max[slot]));
     row_sum[slot] += s(v);
   }
+  // NOTE: the row sums' additions stay here (an empty asm on the sums): sunk past the callers' V
+  // clean-up branch, they kept the 32 P values live across it (docs/perf-notes.md, Change 127).
+  asm volatile("" : "+f"(row_sum[0]), "+f"(row_sum[1]));
   const int q = lane & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -348,10 +348,6 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
               }
               fp8_store_p(tSrS, s_mul, kPShift, block_max, row_sum,
                           stage_bytes + Traits::kRopeChunkBytes, my_row, lane);
-              // NOTE: the row sums' additions stay here (an empty asm on the sums): sunk past the V
-              // clean-up branch below, they kept the 32 P values live across it
-              // (docs/perf-notes.md, Change 127).
-              asm volatile("" : "+f"(row_sum[0]), "+f"(row_sum[1]));
             };
             if (unmasked) {
               finite_block_max(tSrS, block_max);
