@@ -157,6 +157,7 @@ std::string describe(const Route& r) {
   if (r.layout.direct) s << " direct";
   if (r.few_rows > 0) s << " rows=" << r.few_rows;
   if (r.fp8_direct) s << " fp8_direct";
+  if (r.few_rows_deep) s << " deep";
   if (r.fp8_three) s << " fp8_three";
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
@@ -595,6 +596,51 @@ TEST(Sm90Route, Fp8ThreeSwitch) {
   sw.fp8_three = false;  // MLA_SM90_FP8_THREE=0: the two-consumer kernel
   expect_routes({{"B128: two consumers", dense(128, 128, 1).dtypes(kFp8, kFp8),
                   "seesaw schedule parts=66 fp8_direct tiles=2 combine"}},
+                sw);
+}
+
+// The few-rows kernel's e4m3 GEMMs on four stages where a CTA is expected to hold at least 24
+// blocks (from max_seq_len, or top_k for a sparse call), on two below; MLA_SM90_FEW_ROWS_DEEP=0 or
+// 1 takes either on every such call. A bf16 query over the e4m3 cache has four stages of its own
+// and no choice.
+TEST(Sm90Route, FewRowsDeepRing) {
+  Switches sw;
+  expect_routes(
+      {{"B128 H16: 125 blocks a part", dense(128, 16, 1).dtypes(kFp8, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct deep combine"},
+       {"B8 H16: 8 blocks a part", dense(8, 16, 1).dtypes(kFp8, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct combine"},
+       {"B32 s4096 H32: 16 blocks a part", dense(32, 32, 1).dtypes(kFp8, kFp8).keys(4096),
+        "few_rows schedule parts=132 rows=32 fp8_direct combine"},
+       {"B48 s4096 H32: 24 blocks a part", dense(48, 32, 1).dtypes(kFp8, kFp8).keys(4096),
+        "few_rows schedule parts=132 rows=32 fp8_direct deep combine"},
+       {"one request, s65536: 8 blocks a split", dense(1, 16, 1).dtypes(kFp8, kFp8).keys(65536),
+        "few_rows splits=128 rows=16 fp8_direct combine"},
+       {"one request, s262144: 32 blocks a split", dense(1, 16, 1).dtypes(kFp8, kFp8).keys(262144),
+        "few_rows splits=128 rows=16 fp8_direct deep combine"},
+       {"sparse B128 q2 H16, top_k 2048: 32 blocks a token",
+        dense(128, 16, 2).sparse(2048).dtypes(kFp8, kFp8),
+        "few_rows splits=1 rows=16 fp8_direct deep sparse"},
+       {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+       {"a bf16 query", dense(128, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+      sw);
+  sw.few_rows_deep = 0;
+  expect_routes({{"B128 H16: two stages", dense(128, 16, 1).dtypes(kFp8, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+                sw);
+  sw.few_rows_deep = 1;
+  expect_routes({{"B8 H16: four stages", dense(8, 16, 1).dtypes(kFp8, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct deep combine"},
+                 {"sparse B64 H16", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
+                  "few_rows splits=2 rows=16 fp8_direct deep sparse combine"},
+                 {"a bf16 query: no choice", dense(128, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+                sw);
+  sw.fp8_direct = false;  // widened in shared memory: no choice either
+  expect_routes({{"widened", dense(128, 16, 1).dtypes(kFp8, kFp8),
+                  "few_rows schedule parts=132 rows=16 combine"}},
                 sw);
 }
 

@@ -284,7 +284,8 @@ cudaError_t launch_simt_dims(Elem q, Elem kv, const DecodeKernelParams& k, cudaS
 template <int N>
 cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
                                  const CUtensorMap& kv_map, cudaStream_t stream, bool pdl,
-                                 bool fp8_direct) {
+                                 const Route& route) {
+  const bool fp8_direct = route.fp8_direct;
   if (q == Elem::kBf16 && kv == Elem::kBf16) {
     return few_rows::launch_few_rows<Elem::kBf16, Elem::kBf16, N>(k, kv_map, stream, pdl);
   }
@@ -296,8 +297,8 @@ cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
                                                                      fp8_direct);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
-    return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl,
-                                                                        fp8_direct);
+    return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(
+        k, kv_map, stream, pdl, fp8_direct, route.few_rows_deep);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8DsMla) {
     return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8DsMla, N>(k, kv_map, stream, pdl);
@@ -358,13 +359,14 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const CUtensorMap& q_m
                                                route.short_splits, stream, pdl);
   }
   const bool direct = route.fp8_direct;
+  const bool deep = route.few_rows_deep;
   if (route.few_rows == 16) {
-    return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct);
+    return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct, deep);
   }
   if constexpr (KV == Elem::kFp8DsMla) {
     return cudaErrorInvalidValue;  // fp8_ds_mla rows take it at 16 rows only (route.cc, family_of)
   } else {
-    return few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl, direct);
+    return few_rows::launch_few_rows_sparse<Q, KV, 32>(k, stream, pdl, direct, deep);
   }
 }
 
@@ -411,9 +413,8 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
   switch (route.kernel) {
     case Kernel::kFewRows:
       if (route.layout.scheduled) schedule_view(route.layout, workspace, p.batch, k);
-      return route.few_rows == 16
-                 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route.fp8_direct)
-                 : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route.fp8_direct);
+      return route.few_rows == 16 ? launch_few_rows_pair<16>(q, kv, k, kv_map, stream, pdl, route)
+                                  : launch_few_rows_pair<32>(q, kv, k, kv_map, stream, pdl, route);
     case Kernel::kSeesaw: {
       const Layout& l = route.layout;
       if (l.scheduled) schedule_view(l, workspace, p.batch, k);

@@ -45,6 +45,8 @@ Switches read_switches() {
   if (std::getenv("MLA_SM90_COMBINE_ROWS") != nullptr) {
     s.combine_rows_max_splits = std::clamp<int64_t>(env_int("MLA_SM90_COMBINE_ROWS"), 0, 256);
   }
+  const std::string deep = env_string("MLA_SM90_FEW_ROWS_DEEP");
+  s.few_rows_deep = deep == "0" ? 0 : deep == "1" ? 1 : -1;
   const char* pair = std::getenv("MLA_SM90_PAIR");
   if (pair != nullptr) {
     s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;

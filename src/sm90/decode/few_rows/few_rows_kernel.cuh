@@ -128,13 +128,15 @@ inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == El
 template <Elem KV, bool kFp8Direct, bool kSparse>
 inline constexpr int kBulkRowPitch =
     kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? tma::kDsMlaRowBytes : 0;
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false>
+// kDeepRing: the e4m3 GEMMs (an e4m3 query over an e4m3 cache read as it lands) on four stages
+// (FewRowsTraits::kStages; the route's few_rows_deep).
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false, bool kDeepRing = false>
 using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
                   : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
                                                        : tma::Formats<Q, KV>::kCompute,
                   kRows, kFp8Direct && Q == Elem::kBf16, kFp8Direct && KV == Elem::kFp8DsMla,
-                  kBulkRowPitch<KV, kFp8Direct, kSparse>>;
+                  kBulkRowPitch<KV, kFp8Direct, kSparse>, kDeepRing>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -282,7 +284,8 @@ __device__ __forceinline__ void issue_fp8_pv(Mma& mma, FragA& tOrA, FragB& tOrP,
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
-template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false>
+template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false,
+          bool kDeepRing = false>
 __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
   // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
   constexpr bool kScaledQuery = kFp8Regs || kScaledSparseQuery<Q, KV, kSparse>;
-  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing>;
   using T = typename Traits::T;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
@@ -1271,12 +1274,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }  // segments
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false>
 cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                                cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, false, kDeepRing>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Direct>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Direct, kDeepRing>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // The balanced schedule: one CTA per part (FewRowsCursor).
@@ -1287,7 +1290,14 @@ cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorM
 
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl, bool fp8_direct) {
+                            cudaStream_t stream, bool pdl, bool fp8_direct, bool deep_ring) {
+  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
+    if (fp8_direct && deep_ring) {
+      return launch_few_rows_as<Q, KV, kRows, true, true>(params, kv_map, stream, pdl);
+    }
+  }
+  // The route asks for the deep ring of the e4m3 GEMMs only.
+  if (deep_ring) return cudaErrorInvalidValue;
   if constexpr (KV == Elem::kFp8E4M3) {
     if (fp8_direct) return launch_few_rows_as<Q, KV, kRows, true>(params, kv_map, stream, pdl);
   }
@@ -1295,12 +1305,12 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false>
 cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStream_t stream,
                                       bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true, kDeepRing>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct, kDeepRing>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // A tile of kRows heads per CTA (grid x: a token's heads past kRows take several; route.cc).
@@ -1311,7 +1321,13 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
 
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
-                                   bool fp8_direct) {
+                                   bool fp8_direct, bool deep_ring) {
+  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
+    if (fp8_direct && deep_ring) {
+      return launch_few_rows_sparse_as<Q, KV, kRows, true, true>(params, stream, pdl);
+    }
+  }
+  if (deep_ring) return cudaErrorInvalidValue;  // the e4m3 GEMMs' only
   if constexpr (KV == Elem::kFp8E4M3 || (KV == Elem::kFp8DsMla && kRows == 16)) {
     if (fp8_direct) return launch_few_rows_sparse_as<Q, KV, kRows, true>(params, stream, pdl);
   }

@@ -20,16 +20,20 @@ inline constexpr int kMaxRows = 32;
 // read the e4m3 blocks as they land, over a kv_map of 64-byte-swizzled boxes
 // (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, fp16
 // GEMMs fed from registers with a bf16 query; else an e4m3 cache is widened in shared memory.
+// deep_ring (fp8_direct with an e4m3 query only): the e4m3 blocks on four stages instead of two
+// (the route's few_rows_deep).
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl, bool fp8_direct = false);
+                            cudaStream_t stream, bool pdl, bool fp8_direct = false,
+                            bool deep_ring = false);
 
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout. fp8_direct (a
 // per-tensor e4m3 cache only): the rows land as e4m3 (tma::gather_e4m3_direct) for the GEMMs of
-// launch_few_rows' fp8_direct; else an e4m3 cache is widened in shared memory.
+// launch_few_rows' fp8_direct; else an e4m3 cache is widened in shared memory. deep_ring: as
+// launch_few_rows'.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
-                                   bool fp8_direct = false);
+                                   bool fp8_direct = false, bool deep_ring = false);
 
 }  // namespace mla::sm90::few_rows
