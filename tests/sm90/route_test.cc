@@ -599,10 +599,10 @@ TEST(Sm90Route, Fp8ThreeSwitch) {
                 sw);
 }
 
-// The few-rows kernel reads a per-tensor e4m3 cache (either query type) on four stages where a CTA
-// is expected to hold at least 24 blocks (from max_seq_len, or top_k for a sparse call), on two
-// below; MLA_SM90_FEW_ROWS_DEEP=0 or 1 takes either on every such call. fp8_ds_mla rows and caches
-// widened in shared memory have no choice.
+// The few-rows kernel's e4m3 GEMMs on four stages where a CTA is expected to hold at least 24
+// blocks (from max_seq_len, or top_k for a sparse call), on two below; MLA_SM90_FEW_ROWS_DEEP=0 or
+// 1 takes either on every such call. A bf16 query over the e4m3 cache has four stages of its own
+// and no choice.
 TEST(Sm90Route, FewRowsDeepRing) {
   Switches sw;
   expect_routes(
@@ -623,14 +623,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
         "few_rows splits=1 rows=16 fp8_direct deep sparse"},
        {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
         "few_rows splits=2 rows=16 fp8_direct sparse combine"},
-       {"a bf16 query, B128", dense(128, 16, 1).dtypes(kBf16, kFp8),
-        "few_rows schedule parts=132 rows=16 fp8_direct deep combine"},
-       {"a bf16 query, B8", dense(8, 16, 1).dtypes(kBf16, kFp8),
-        "few_rows schedule parts=132 rows=16 fp8_direct combine"},
-       {"a bf16 query, sparse B128 q2", dense(128, 16, 2).sparse(2048).dtypes(kBf16, kFp8),
-        "few_rows splits=1 rows=16 fp8_direct deep sparse"},
-       {"sparse fp8_ds_mla: no choice", dense(128, 16, 2).sparse(2048).fp8_ds_mla(),
-        "few_rows splits=1 rows=16 fp8_direct sparse"}},
+       {"a bf16 query", dense(128, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
       sw);
   sw.few_rows_deep = 0;
   expect_routes({{"B128 H16: two stages", dense(128, 16, 1).dtypes(kFp8, kFp8),
@@ -641,8 +635,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
                   "few_rows schedule parts=132 rows=16 fp8_direct deep combine"},
                  {"sparse B64 H16", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
                   "few_rows splits=2 rows=16 fp8_direct deep sparse combine"},
-                 {"a bf16 query, B8", dense(8, 16, 1).dtypes(kBf16, kFp8),
-                  "few_rows schedule parts=132 rows=16 fp8_direct deep combine"}},
+                 {"a bf16 query: no choice", dense(128, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
                 sw);
   sw.fp8_direct = false;  // widened in shared memory: no choice either
   expect_routes({{"widened", dense(128, 16, 1).dtypes(kFp8, kFp8),

@@ -43,10 +43,10 @@ constexpr int64_t kEvictFirstPartBlocks = 96;
 // kernel's by ~1%, two blocks the FP8 kernel's by ~5%).
 constexpr int64_t kFp8SeesawMinBlocks = 2;
 // The fewest blocks a CTA is expected to hold (from max_seq_len, or top_k for a sparse call: no
-// host read of seq_lens) at which the few-rows kernel reads a per-tensor e4m3 cache on four stages
-// (Route::few_rows_deep): for the e4m3 GEMMs, with ~8 blocks a CTA four measured 0.6 to 0.8 us
-// slower a call, with 16 (sparse) 1% slower and 15.5 (dense, 32 rows) 1.6% faster, from 32 up 4
-// to 10% faster (docs/perf-notes.md, Changes 132 and 133).
+// host read of seq_lens) at which the few-rows kernel's e4m3 GEMMs run on four stages
+// (Route::few_rows_deep): with ~8 blocks a CTA four measured 0.6 to 0.8 us slower a call, with 16
+// (sparse) 1% slower and 15.5 (dense, 32 rows) 1.6% faster, from 32 up 4 to 10% faster
+// (docs/perf-notes.md, Change 132).
 constexpr int64_t kFewRowsDeepMinBlocks = 24;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -331,9 +331,9 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     if (f.sparse && p.kv_format == KvFormat::kFp8DsMla && sw.ds_direct) {
       r.fp8_direct = true;
     }
-    // A per-tensor e4m3 cache's ring: four stages where a CTA's blocks are many, two where its
-    // segments are short (kFewRowsDeepMinBlocks).
-    if (r.fp8_direct && p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain) {
+    // The e4m3 GEMMs' ring: four stages where a CTA's blocks are many, two where its segments are
+    // short (kFewRowsDeepMinBlocks).
+    if (r.fp8_direct && p.q_dtype == dtype::kFloat8E4M3 && p.kv_dtype == dtype::kFloat8E4M3) {
       const int64_t keys = f.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
       const int64_t request_blocks = ceil_div(std::max<int64_t>(1, keys), ::mla::sm90::kBlockKeys);
       const int64_t cta_blocks = r.layout.scheduled

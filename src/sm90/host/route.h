@@ -73,9 +73,9 @@ struct Route {
   // GEMMs on the FP8 tensor cores), on the balanced schedule, or on the direct split where each
   // split holds enough blocks; false: the seesaw kernel over the cache widened in shared memory.
   bool fp8_direct = false;
-  // kFewRows, fp8_direct, per-tensor e4m3 cache (either query type): the e4m3 blocks on four
-  // stages instead of two, where a CTA is expected to hold at least kFewRowsDeepMinBlocks blocks
-  // (route.cc); short segments keep two (docs/sm90-fp8.md).
+  // kFewRows, fp8_direct, e4m3 query and cache: the e4m3 blocks on four stages instead of two,
+  // where a CTA is expected to hold at least kFewRowsDeepMinBlocks blocks (route.cc); short
+  // segments keep two (docs/sm90-fp8.md).
   bool few_rows_deep = false;
   // kSeesaw, fp8_direct, balanced schedule: the FP8 seesaw kernel with three consumer warpgroups
   // (seesaw_fp8_three_kernel.cuh), unless MLA_SM90_FP8_THREE=0 (Switches::fp8_three).

@@ -57,9 +57,8 @@ struct Switches {
   // two-consumer form instead of the three-consumer one (route.h, Route::fp8_three;
   // docs/sm90-fp8.md, Three consumers).
   bool fp8_three = true;
-  // MLA_SM90_FEW_ROWS_DEEP: 0 keeps a per-tensor e4m3 cache read as it lands by the few-rows
-  // kernel on two stages, 1 takes four on every such call; anything else (unset) is the route's
-  // rule (route.h, Route::few_rows_deep).
+  // MLA_SM90_FEW_ROWS_DEEP: 0 keeps the few-rows kernel's e4m3 GEMMs on two stages, 1 takes four
+  // on every such call; anything else (unset) is the route's rule (route.h, Route::few_rows_deep).
   int few_rows_deep = -1;  // -1: the rule
   // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
   // kernel) where a call's rows have at most N splits (the typical count) and fill at least half

@@ -128,7 +128,7 @@ inline constexpr bool kScaledSparseQuery = kSparse&& Q == Elem::kBf16&& KV == El
 template <Elem KV, bool kFp8Direct, bool kSparse>
 inline constexpr int kBulkRowPitch =
     kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? tma::kDsMlaRowBytes : 0;
-// kDeepRing: a per-tensor e4m3 cache read as it lands (kFp8Direct) on four stages instead of two
+// kDeepRing: the e4m3 GEMMs (an e4m3 query over an e4m3 cache read as it lands) on four stages
 // (FewRowsTraits::kStages; the route's few_rows_deep).
 template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false, bool kDeepRing = false>
 using FewRowsTraitsOf =
@@ -1291,12 +1291,12 @@ cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorM
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl, bool fp8_direct, bool deep_ring) {
-  if constexpr (KV == Elem::kFp8E4M3) {
+  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {
       return launch_few_rows_as<Q, KV, kRows, true, true>(params, kv_map, stream, pdl);
     }
   }
-  // The route asks for the deep ring of a per-tensor e4m3 cache read as it lands only.
+  // The route asks for the deep ring of the e4m3 GEMMs only.
   if (deep_ring) return cudaErrorInvalidValue;
   if constexpr (KV == Elem::kFp8E4M3) {
     if (fp8_direct) return launch_few_rows_as<Q, KV, kRows, true>(params, kv_map, stream, pdl);
@@ -1322,12 +1322,12 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
                                    bool fp8_direct, bool deep_ring) {
-  if constexpr (KV == Elem::kFp8E4M3) {
+  if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {
       return launch_few_rows_sparse_as<Q, KV, kRows, true, true>(params, stream, pdl);
     }
   }
-  if (deep_ring) return cudaErrorInvalidValue;  // per-tensor e4m3 rows read as they land only
+  if (deep_ring) return cudaErrorInvalidValue;  // the e4m3 GEMMs' only
   if constexpr (KV == Elem::kFp8E4M3 || (KV == Elem::kFp8DsMla && kRows == 16)) {
     if (fp8_direct) return launch_few_rows_sparse_as<Q, KV, kRows, true>(params, stream, pdl);
   }

@@ -20,8 +20,8 @@ inline constexpr int kMaxRows = 32;
 // read the e4m3 blocks as they land, over a kv_map of 64-byte-swizzled boxes
 // (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, fp16
 // GEMMs fed from registers with a bf16 query; else an e4m3 cache is widened in shared memory.
-// deep_ring (fp8_direct only): the e4m3 blocks on four stages instead of two (the route's
-// few_rows_deep).
+// deep_ring (fp8_direct with an e4m3 query only): the e4m3 blocks on four stages instead of two
+// (the route's few_rows_deep).
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl, bool fp8_direct = false,

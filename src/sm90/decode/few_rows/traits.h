@@ -106,7 +106,7 @@ enum class NamedBarrier : uint32_t {
 // kRowPitchN (with kRegsA): the stages hold each cache row whole at that pitch, as one bulk copy
 // lands it (tma::gather_rows_bulk): key k's byte b at k * kRowPitchN + b, every operand read
 // through ldmatrix; 0: the 64-column chunks of the 64-byte swizzle a TMA box writes. kDeepRing
-// (a per-tensor e4m3 cache read as it lands): four stages instead of two (below, kStages).
+// (E e4m3): four stages instead of two (below, kStages).
 template <Elem E, int kRowsN, bool kRegsA = false, bool kDsMla = false, int kRowPitchN = 0,
           bool kDeepRing = false>
 struct FewRowsTraits {
@@ -130,15 +130,14 @@ struct FewRowsTraits {
   static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
   static constexpr int kL = 512;        // value width
   // Consumer c takes every block of parity c with its own online softmax: stage s holds the
-  // blocks of parity s. An e4m3 cache read as it lands (36 KB stages: kFp8, kRegsA) takes four
-  // stages where the route expects a CTA's segments to hold many blocks (kDeepRing), consumer c's
-  // blocks alternating between stages c and c + 2: twice the bytes in flight, and with kRegsA a
-  // block landing while the consumer widens another (B128 H16 on an H200: -6% e4m3 GEMMs); two
-  // where they are short (four cost a CTA of ~8 blocks ~0.7 us: docs/perf-notes.md, Changes 132
-  // and 133). fp8_ds_mla rows (kDsMla) always take four.
-  static_assert(!kDeepRing || ((E == Elem::kFp8E4M3 || kRegsA) && !kDsMla),
-                "the route's choice for a per-tensor e4m3 cache read as it lands");
-  static constexpr int kStages = kDsMla || kDeepRing ? 4 : 2;
+  // blocks of parity s. kRegsA (36 KB e4m3 stages, consumers busy widening): four stages, consumer
+  // c's blocks alternating between stages c and c + 2, so that each consumer has a block landing
+  // while it widens another (B128 H16 -2.5%). The e4m3 GEMMs take four where the route expects a
+  // CTA's segments to hold many blocks (kDeepRing: twice the bytes in flight, B128 H16 -6% on an
+  // H200), two where they are short (four cost a CTA of ~8 blocks ~0.7 us; docs/perf-notes.md,
+  // Change 132).
+  static_assert(!kDeepRing || (E == Elem::kFp8E4M3 && !kRegsA), "the e4m3 GEMMs' choice");
+  static constexpr int kStages = kRegsA || kDeepRing ? 4 : 2;
   static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
