@@ -158,6 +158,7 @@ std::string describe(const Route& r) {
   if (r.few_rows > 0) s << " rows=" << r.few_rows;
   if (r.fp8_direct) s << " fp8_direct";
   if (r.few_rows_deep) s << " deep";
+  if (r.few_rows_three) s << " three";
   if (r.fp8_three) s << " fp8_three";
   if (r.tiles > 0) s << " tiles=" << r.tiles;
   if (r.pair) s << " pair";
@@ -623,8 +624,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
         "few_rows splits=1 rows=16 fp8_direct deep sparse"},
        {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
         "few_rows splits=2 rows=16 fp8_direct sparse combine"},
-       {"a bf16 query", dense(128, 16, 1).dtypes(kBf16, kFp8),
-        "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+       {"a bf16 query: three consumers", dense(128, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct three combine"}},
       sw);
   sw.few_rows_deep = 0;
   expect_routes({{"B128 H16: two stages", dense(128, 16, 1).dtypes(kFp8, kFp8),
@@ -636,11 +637,47 @@ TEST(Sm90Route, FewRowsDeepRing) {
                  {"sparse B64 H16", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
                   "few_rows splits=2 rows=16 fp8_direct deep sparse combine"},
                  {"a bf16 query: no choice", dense(128, 16, 1).dtypes(kBf16, kFp8),
-                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+                  "few_rows schedule parts=132 rows=16 fp8_direct three combine"}},
                 sw);
   sw.fp8_direct = false;  // widened in shared memory: no choice either
   expect_routes({{"widened", dense(128, 16, 1).dtypes(kFp8, kFp8),
                   "few_rows schedule parts=132 rows=16 combine"}},
+                sw);
+}
+
+// A dense few-rows call of a bf16 query over a per-tensor e4m3 cache read as it lands runs three
+// consumer warpgroups at 16 rows where a CTA is expected to hold at least 12 blocks, two below,
+// at 32 rows and for sparse calls; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three on every
+// such call at 16 rows.
+TEST(Sm90Route, FewRowsThreeConsumers) {
+  Switches sw;
+  expect_routes(
+      {{"B128 H16: 125 blocks a part", dense(128, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct three combine"},
+       {"B32 s4096 H16: 16 blocks a part", dense(32, 16, 1).keys(4096).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct three combine"},
+       {"B8 H16: 8 blocks a part", dense(8, 16, 1).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct combine"},
+       {"B1 s65536 H16: 8 blocks a split", dense(1, 16, 1).keys(65536).dtypes(kBf16, kFp8),
+        "few_rows splits=128 rows=16 fp8_direct combine"},
+       {"B1 s262144 H16: 32 blocks a split", dense(1, 16, 1).keys(262144).dtypes(kBf16, kFp8),
+        "few_rows splits=128 rows=16 fp8_direct three combine"},
+       {"B128 q2 H16: 32 rows", dense(128, 16, 2).dtypes(kBf16, kFp8),
+        "few_rows schedule parts=132 rows=32 fp8_direct combine"},
+       {"sparse", dense(128, 16, 2).sparse(2048).dtypes(kBf16, kFp8),
+        "few_rows splits=1 rows=16 fp8_direct sparse"},
+       {"an e4m3 query", dense(128, 16, 1).dtypes(kFp8, kFp8),
+        "few_rows schedule parts=132 rows=16 fp8_direct deep combine"}},
+      sw);
+  sw.few_rows_three = 0;
+  expect_routes({{"B128 H16: two", dense(128, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+                sw);
+  sw.few_rows_three = 1;
+  expect_routes({{"B1 H16: three", dense(1, 16, 1).dtypes(kBf16, kFp8),
+                  "few_rows splits=64 rows=16 fp8_direct three combine"},
+                 {"B1 H16 q2: 32 rows, two", dense(1, 16, 2).dtypes(kBf16, kFp8),
+                  "few_rows splits=64 rows=32 fp8_direct combine"}},
                 sw);
 }
 

@@ -48,6 +48,11 @@ constexpr int64_t kFp8SeesawMinBlocks = 2;
 // (sparse) 1% slower and 15.5 (dense, 32 rows) 1.6% faster, from 32 up 4 to 10% faster
 // (docs/perf-notes.md, Change 132).
 constexpr int64_t kFewRowsDeepMinBlocks = 24;
+// The fewest blocks a CTA is expected to hold (as above) at which a dense few-rows call of a bf16
+// query over a per-tensor e4m3 cache at 16 rows runs three consumer warpgroups
+// (Route::few_rows_three): at 8 blocks a CTA three measured +1.6% (B8 H16) and -0.7% (B1 s65536
+// H16), at 2 +1.5%, at 16 -0.6%, at 62 to 125 -4 to -6% (docs/perf-notes.md, Change 134).
+constexpr int64_t kFewRowsThreeMinBlocks = 12;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -331,16 +336,24 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     if (f.sparse && p.kv_format == KvFormat::kFp8DsMla && sw.ds_direct) {
       r.fp8_direct = true;
     }
+    // The blocks a CTA is expected to hold.
+    const int64_t keys = f.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
+    const int64_t request_blocks = ceil_div(std::max<int64_t>(1, keys), ::mla::sm90::kBlockKeys);
+    const int64_t cta_blocks = r.layout.scheduled
+                                   ? ceil_div(p.batch * request_blocks, r.layout.parts)
+                                   : ceil_div(request_blocks, r.layout.splits);
     // The e4m3 GEMMs' ring: four stages where a CTA's blocks are many, two where its segments are
     // short (kFewRowsDeepMinBlocks).
     if (r.fp8_direct && p.q_dtype == dtype::kFloat8E4M3 && p.kv_dtype == dtype::kFloat8E4M3) {
-      const int64_t keys = f.sparse ? std::min<int64_t>(p.top_k, p.max_seq_len) : p.max_seq_len;
-      const int64_t request_blocks = ceil_div(std::max<int64_t>(1, keys), ::mla::sm90::kBlockKeys);
-      const int64_t cta_blocks = r.layout.scheduled
-                                     ? ceil_div(p.batch * request_blocks, r.layout.parts)
-                                     : ceil_div(request_blocks, r.layout.splits);
       r.few_rows_deep =
           sw.few_rows_deep >= 0 ? sw.few_rows_deep == 1 : cta_blocks >= kFewRowsDeepMinBlocks;
+    }
+    // A bf16 query over it at 16 rows (dense): three consumers, whose chains bound the block rate,
+    // where a CTA holds enough blocks for the third (kFewRowsThreeMinBlocks).
+    if (r.fp8_direct && !f.sparse && r.few_rows == 16 && p.q_dtype == dtype::kBFloat16 &&
+        p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain) {
+      r.few_rows_three =
+          sw.few_rows_three >= 0 ? sw.few_rows_three == 1 : cta_blocks >= kFewRowsThreeMinBlocks;
     }
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
@@ -428,6 +441,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.few_rows = 0;
   r.fp8_direct = false;
   r.few_rows_deep = false;
+  r.few_rows_three = false;
   r.tiles = 0;
   r.sparse = false;
   r.sparse_rows = 0;

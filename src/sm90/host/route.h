@@ -77,6 +77,10 @@ struct Route {
   // where a CTA is expected to hold at least kFewRowsDeepMinBlocks blocks (route.cc); short
   // segments keep two (docs/sm90-fp8.md).
   bool few_rows_deep = false;
+  // kFewRows, fp8_direct, dense, bf16 query over a per-tensor e4m3 cache, 16 rows: three consumer
+  // warpgroups instead of two, each a stage of its own, where a CTA is expected to hold at least
+  // kFewRowsThreeMinBlocks blocks (route.cc; docs/sm90-fp8.md).
+  bool few_rows_three = false;
   // kSeesaw, fp8_direct, balanced schedule: the FP8 seesaw kernel with three consumer warpgroups
   // (seesaw_fp8_three_kernel.cuh), unless MLA_SM90_FP8_THREE=0 (Switches::fp8_three).
   bool fp8_three = false;

@@ -293,8 +293,8 @@ cudaError_t launch_few_rows_pair(Elem q, Elem kv, const DecodeKernelParams& k,
     return few_rows::launch_few_rows<Elem::kFp16, Elem::kFp16, N>(k, kv_map, stream, pdl);
   }
   if (q == Elem::kBf16 && kv == Elem::kFp8E4M3) {
-    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, N>(k, kv_map, stream, pdl,
-                                                                     fp8_direct);
+    return few_rows::launch_few_rows<Elem::kBf16, Elem::kFp8E4M3, N>(
+        k, kv_map, stream, pdl, fp8_direct, false, route.few_rows_three);
   }
   if (q == Elem::kFp8E4M3 && kv == Elem::kFp8E4M3) {
     return few_rows::launch_few_rows<Elem::kFp8E4M3, Elem::kFp8E4M3, N>(

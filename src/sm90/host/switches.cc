@@ -47,6 +47,8 @@ Switches read_switches() {
   }
   const std::string deep = env_string("MLA_SM90_FEW_ROWS_DEEP");
   s.few_rows_deep = deep == "0" ? 0 : deep == "1" ? 1 : -1;
+  const std::string three = env_string("MLA_SM90_FEW_ROWS_THREE");
+  s.few_rows_three = three == "0" ? 0 : three == "1" ? 1 : -1;
   const char* pair = std::getenv("MLA_SM90_PAIR");
   if (pair != nullptr) {
     s.pair = std::string(pair) == "0" ? 0 : std::string(pair) == "1" ? 1 : -1;

@@ -4,5 +4,5 @@
 namespace mla::sm90::few_rows {
 template cudaError_t launch_few_rows<Elem::kBf16, Elem::kBf16, 16>(const DecodeKernelParams&,
                                                                    const CUtensorMap&, cudaStream_t,
-                                                                   bool, bool, bool);
+                                                                   bool, bool, bool, bool);
 }  // namespace mla::sm90::few_rows

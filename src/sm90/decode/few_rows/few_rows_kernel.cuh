@@ -9,16 +9,17 @@
 // writes its unnormalized partial (acc, max, sum) of each row, which the combine kernel merges, or,
 // where it covers its request (w.whole), out and lse themselves.
 //
-// Warpgroup roles (384 threads):
-//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a 2-stage ring,
-//     every segment's blocks in turn (tma::walk_segments).
-//   WG1, WG2 consumers: consumer c takes every block of parity c of a segment (stage c) on its own,
-//     with its own running max, row sums and O^T (512 x kRows, fp32): per block
+// Warpgroup roles (384 threads; 512 with three consumers, FewRowsTraits::kConsumers):
+//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a ring of 2, 3
+//     or 4 stages, every segment's blocks in turn (tma::walk_segments).
+//   WG1, WG2 (, WG3) consumers: consumer c takes the blocks i % kC == c of a segment (on stage c,
+//     or stages c and c + 2) on its own, with its own running max, row sums and O^T (512 x kRows,
+//     fp32): per block
 //       S^T = K Q^T                  (36 x wgmma m64nNk16, A = K block, B = Q tile)
 //       m = max(m, colmax S^T), P = exp2(S^T - m), O^T = a O^T + V^T P^T  (32 x m64nNk16,
 //       A = V^T: the K block read MN-major, B = P from shared memory)
-//     The two consumers share no state until the segment's end, where they merge their
-//     (m, l, O^T) through the stages of their last blocks, which they release only then.
+//     The consumers share no state until the segment's end, where they merge their (m, l, O^T)
+//     through the stages of their last blocks, which they release only then.
 // Longer rationale: docs/sm90-few-rows.md.
 #pragma once
 
@@ -44,7 +45,12 @@ using tma::named_barrier_and;
 using tma::named_barrier_sync;
 
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b, int consumer = 0) {
-  return static_cast<uint32_t>(b) + consumer;
+  if (consumer < 2) return static_cast<uint32_t>(b) + consumer;
+  const NamedBarrier third = b == NamedBarrier::kMaxFirst    ? NamedBarrier::kMaxThird
+                             : b == NamedBarrier::kPFirst    ? NamedBarrier::kPThird
+                             : b == NamedBarrier::kVoteFirst ? NamedBarrier::kVoteThird
+                                                             : NamedBarrier::kLocalThird;
+  return static_cast<uint32_t>(third);
 }
 
 // fp8_ds_mla rows as they land (few_rows_kernel's kDsRegs): the power of two 2^(126 - e) for the
@@ -130,13 +136,15 @@ inline constexpr int kBulkRowPitch =
     kFp8Direct&& kSparse&& KV == Elem::kFp8DsMla ? tma::kDsMlaRowBytes : 0;
 // kDeepRing: the e4m3 GEMMs (an e4m3 query over an e4m3 cache read as it lands) on four stages
 // (FewRowsTraits::kStages; the route's few_rows_deep).
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false, bool kDeepRing = false>
+// kConsumers: consumer warpgroups (FewRowsTraits::kConsumers).
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kSparse = false, bool kDeepRing = false,
+          int kConsumers = 2>
 using FewRowsTraitsOf =
     FewRowsTraits<kFp8Direct ? (Q == Elem::kFp8E4M3 ? Elem::kFp8E4M3 : Elem::kFp16)
                   : kScaledSparseQuery<Q, KV, kSparse> ? Elem::kFp16
                                                        : tma::Formats<Q, KV>::kCompute,
                   kRows, kFp8Direct && Q == Elem::kBf16, kFp8Direct && KV == Elem::kFp8DsMla,
-                  kBulkRowPitch<KV, kFp8Direct, kSparse>, kDeepRing>;
+                  kBulkRowPitch<KV, kFp8Direct, kSparse>, kDeepRing, kConsumers>;
 
 // The K fragment of chunk `c` (64 columns, four k steps of 16) of this warp's 16 keys for an fp16
 // S^T GEMM with A from registers, widened from the e4m3 stage (64-byte swizzle): lane t holds
@@ -285,8 +293,9 @@ __device__ __forceinline__ void issue_fp8_pv(Mma& mma, FragA& tOrA, FragB& tOrP,
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
 template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false,
-          bool kDeepRing = false>
-__global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, kRowsN>::kThreads, 1)
+          bool kDeepRing = false, int kConsumersN = 2>
+__global__ void __launch_bounds__(
+    FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing, kConsumersN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
                     const __grid_constant__ CUtensorMap kv_map) {
   using namespace cute;
@@ -303,12 +312,15 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   constexpr bool kFp8Regs = kFp8Direct && !F::kFp8Query;
   // A bf16 query in fp16 GEMMs, its rows scaled by powers of two into fp16's range.
   constexpr bool kScaledQuery = kFp8Regs || kScaledSparseQuery<Q, KV, kSparse>;
-  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing, kConsumersN>;
   using T = typename Traits::T;
+  constexpr int kC = Traits::kConsumers;
+  // Each consumer on a stage of its own (two stages of two consumers, three of three), or (four
+  // stages of two) on stages c and c + 2 by round parity.
+  constexpr bool kOwnStage = Traits::kStages == kC;
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
   constexpr int kCols = Traits::kColsPerThread;
-  constexpr int kStages = Traits::kStages;
   // kFp8Mma: chunks of the K block per promoted partial of the score sums (below, qk_gemm).
   constexpr int kPartialChunks = 3;
 
@@ -346,7 +358,8 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
                                      : kDirectGather ? Traits::kConsumerRegs
                                      : kRoomy        ? 216
                                                      : Split::kConsumer;
-  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * 168, "registers the CTA holds at launch");
+  static_assert(kProducerRegs + kC * kConsumerRegs <= (kC == 3 ? 4 * 128 : 3 * 168),
+                "registers the CTA holds at launch");
   const int issuers = tma::producer_issuers<Traits>(p);
   if constexpr (kAhead) {
     tma::init_gather_ahead_barriers<Traits, KV, false>(smem);
@@ -422,13 +435,13 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 
   // ---- consumer warpgroups ----
   tma::regs_alloc<kConsumerRegs>();
-  const int cw = wg - 1;                    // consumer index: its block parity and stage
-  const int ctid = threadIdx.x - 128;       // 0..255 over both consumers
+  const int cw = wg - 1;                    // consumer index: its blocks (i % kC) and stage
+  const int ctid = threadIdx.x - 128;       // 0..kConsumerThreads - 1 over the consumers
   const int wtid = threadIdx.x - 128 * wg;  // 0..127 within the warpgroup
   const int lane = threadIdx.x & 31;
   const int warp = wtid / 32;
-  // NOTE: before every 256-thread barrier that hands stores of one consumer warpgroup to the
-  // other, each warpgroup syncs itself: with the 256-thread barrier alone, racecheck reported such
+  // NOTE: before every consumers' barrier that hands stores of one consumer warpgroup to the
+  // others, each warpgroup syncs itself: with the consumers' barrier alone, racecheck reported such
   // pairs as hazards (docs/sm90-few-rows.md, Sanitizers).
   auto sync_local = [&] { named_barrier_sync(barrier_id(NamedBarrier::kLocalFirst, cw), 128); };
 
@@ -529,7 +542,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     }
 
     // Query tile into shared memory (padding rows 0). The previous segment's GEMMs are complete:
-    // both consumers passed its final barrier.
+    // every consumer passed its final barrier.
     {
       tma::load_query_tile_rows<kRows, Traits::kConsumerThreads,
                                 std::conditional_t<F::kFp8Query && !kFp8Mma, __half, void>, kFp8Mma,
@@ -595,17 +608,17 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 #pragma unroll
     for (int g = 0; g < 4; ++g) ds_inv[g] = ds_inv_of(0.0f);
 
-    for (int it = cw; it < num_blocks; it += 2) {
-      const int round = it / 2;
+    for (int it = cw; it < num_blocks; it += kC) {
+      const int round = it / kC;
       const int par = round & 1;
       // Stage of the block and its phase: 16-bit rings, stage cw (used: its blocks so far); e4m3
       // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1).
       // NOTE: broadcast from lane 0 (as cutlass::canonical_warp_group_idx does), so that the
       // compiler knows the stage is warp-uniform and builds its GMMA descriptors in uniform
       // registers (from `it`, ~8 R2UR and moves came before every chunk's wgmmas).
-      const int stage = __shfl_sync(0xffffffffu, kStages == 2 ? cw : cw + 2 * (round & 1), 0);
+      const int stage = __shfl_sync(0xffffffffu, kOwnStage ? cw : cw + 2 * (round & 1), 0);
       const uint32_t phase =
-          kStages == 2 ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
+          kOwnStage ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
       const int key0 = (seg.w.block_begin + it) * kKeys;
       T* k_stage = smem.k[stage];
       // kDsRegs: the group scales of the thread's two keys (tScS rows r and r + 8), and each
@@ -1004,7 +1017,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       }
 
       // The consumer's last block of the segment keeps its stage (the merge below goes through it).
-      const bool keep = it + 2 >= num_blocks;
+      const bool keep = it + kC >= num_blocks;
       if constexpr (kFp8Mma) {
         // ---- pv_gemm on the FP8 tensor cores: per m tile (V chunk), V^T from registers into a
         // partial accumulator from zero, then O^T = a O^T + partial in fp32; the next tile's
@@ -1123,7 +1136,7 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       }
     }
 
-    // ---- store_partials: merge the two consumers' (max, sum, O^T) through their stages ----
+    // ---- store_partials: merge the consumers' (max, sum, O^T) through their stages ----
     // A non-finite O value comes from a non-finite attended key or value (an inf value whose score
     // came out -inf leaves NaN in its column only; an inf value with P > 0 an inf): its row turns
     // NaN, out and lse (contract section 1), through its sum. Once per segment.
@@ -1141,32 +1154,40 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     }
     // kFp8Mma: P was 2^8 times larger (kPShift), and so are the sums and O.
     constexpr float kPUnscale = kFp8Mma ? 1.0f / 256.0f : 1.0f;
-    // Consumer c holds the stage of its last block (kept above) where it had one: a segment of
-    // one block leaves consumer 1 none, and its stages may then already hold the next segment's
-    // blocks.
-    const bool has_second = num_blocks >= 2;
-    // NOTE: the 256-thread barrier orders the final_max and sum stores above before every read
+    // Consumer c holds the stage of its last block (kept above) where it had one (c < num_blocks):
+    // a segment of fewer blocks than consumers leaves the others none, and their stages may then
+    // already hold the next segment's blocks.
+    auto has_block = [&](int c) { return c < num_blocks; };
+    // NOTE: the consumers' barrier orders the final_max and sum stores above before every read
     // below, and the barrier after the last reads orders those before the next segment's stores.
     sync_local();
     named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
-    // Row c's max over both consumers (natural log units) and its sum at that max.
-    auto row_total = [&](int c, float& m_nat, float& l) {
-      const float m0 = smem.final_max[0][c], m1 = smem.final_max[1][c];
-      const float m = fmaxf(m0, m1);
-      const float m_use = m == kNegInf ? 0.0f : m;
-      float l0 = 0.0f, l1 = 0.0f;
+    // Row r's max over the consumers (base 2; a consumer without a block holds -inf and 0).
+    auto merged_max = [&](int r) {
+      float m = smem.final_max[0][r];
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        l0 += smem.sum[0][x][c];
-        l1 += smem.sum[1][x][c];
+      for (int c = 1; c < kC; ++c) m = fmaxf(m, smem.final_max[c][r]);
+      return m;
+    };
+    // Row r's max over the consumers (natural log units) and its sum at that max.
+    auto row_total = [&](int r, float& m_nat, float& l) {
+      const float m = merged_max(r);
+      const float m_use = m == kNegInf ? 0.0f : m;
+      l = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        float lc = 0.0f;
+#pragma unroll
+        for (int x = 0; x < 4; ++x) lc += smem.sum[c][x][r];
+        l += exp2f(smem.final_max[c][r] - m_use) * lc;
       }
       m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
-      l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
+      l *= kPUnscale;
     };
     // The stage of consumer c's last block of the segment (it kept it).
     auto kept_stage = [&](int c) {
-      const int rounds = (num_blocks + 1 - c) / 2;
-      return kStages == 2 ? c : c + 2 * ((rounds - 1) & 1);
+      const int rounds = (num_blocks + kC - 1 - c) / kC;
+      return kOwnStage ? c : c + 2 * ((rounds - 1) & 1);
     };
     const int own_stage = kept_stage(cw);
     // Consumer c's kept stage holds factor x O^T as [row][kMergeStride] floats (conflict-free
@@ -1177,19 +1198,21 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
     float factor[kCols];                           // exp2(own max - merged max)
 #pragma unroll
     for (int s = 0; s < kCols; ++s) {
-      const float m = fmaxf(smem.final_max[0][my_col(s)], smem.final_max[1][my_col(s)]);
+      const float m = merged_max(my_col(s));
       factor[s] = exp2f(col_max[s] - (m == kNegInf ? 0.0f : m)) * kPUnscale;
     }
     const int tile_rows_end = seg.tile_rows;
     const bool whole = seg.w.whole;
     const float* first = reinterpret_cast<const float*>(smem.k[kept_stage(0)]);
-    const float* second = reinterpret_cast<const float*>(smem.k[has_second ? kept_stage(1) : 0]);
+    const float* second = reinterpret_cast<const float*>(smem.k[has_block(1) ? kept_stage(1) : 0]);
+    const float* third =
+        reinterpret_cast<const float*>(smem.k[kC == 3 && has_block(2) ? kept_stage(2) : 0]);
     // Partial rows are 512 wide whatever L is (route.h); out rows L.
     const int cols = whole ? p.kv_lora_rank : kL;
     CUTE_UNROLL
     for (int pass = 0; pass < Traits::kMergePasses; ++pass) {
       // NOTE: the previous pass's reads of the stages end at the barrier at the end of this loop.
-      if (cw == 0 || has_second) {
+      if (has_block(cw)) {
         float* own = reinterpret_cast<float*>(smem.k[own_stage]);
         CUTE_UNROLL
         for (int v = 0; v < size(tOrO); ++v) {
@@ -1234,8 +1257,15 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
 #pragma unroll
         for (int k = 0; k < 8; k += 4) {
           float4 a = *reinterpret_cast<const float4*>(first + c * kStride + dp + k);
-          if (has_second) {
+          if (has_block(1)) {
             const float4 b = *reinterpret_cast<const float4*>(second + c * kStride + dp + k);
+            a.x += b.x;
+            a.y += b.y;
+            a.z += b.z;
+            a.w += b.w;
+          }
+          if (kC == 3 && has_block(2)) {
+            const float4 b = *reinterpret_cast<const float4*>(third + c * kStride + dp + k);
             a.x += b.x;
             a.y += b.y;
             a.z += b.z;
@@ -1261,12 +1291,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
       sync_local();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
     }
-    if (cw == 0 || has_second) {
+    if (has_block(cw)) {
       release(&smem.empty_l[own_stage]);
       release(&smem.empty_r[own_stage]);
     }
-    if constexpr (kStages == 2) {
-      used += (num_blocks + 1 - cw) / 2;
+    if constexpr (kOwnStage) {
+      used += (num_blocks + kC - 1 - cw) / kC;
     } else {
       const uint32_t rounds = (num_blocks + 1 - cw) / 2;  // on stages cw and cw + 2 by parity
       used ^= (((rounds + 1) / 2) & 1) | (((rounds / 2) & 1) << 1);
@@ -1274,12 +1304,12 @@ __global__ void __launch_bounds__(FewRowsTraits<tma::Formats<Q, KV>::kCompute, k
   }  // segments
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false, int kConsumers = 2>
 cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                                cudaStream_t stream, bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, false, kDeepRing>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, false, kDeepRing, kConsumers>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Direct, kDeepRing>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, false, kFp8Direct, kDeepRing, kConsumers>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // The balanced schedule: one CTA per part (FewRowsCursor).
@@ -1290,7 +1320,15 @@ cudaError_t launch_few_rows_as(const DecodeKernelParams& params, const CUtensorM
 
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
-                            cudaStream_t stream, bool pdl, bool fp8_direct, bool deep_ring) {
+                            cudaStream_t stream, bool pdl, bool fp8_direct, bool deep_ring,
+                            bool three) {
+  if constexpr (Q == Elem::kBf16 && KV == Elem::kFp8E4M3 && kRows == 16) {
+    if (fp8_direct && three && !deep_ring) {
+      return launch_few_rows_as<Q, KV, kRows, true, false, 3>(params, kv_map, stream, pdl);
+    }
+  }
+  // The route asks for three consumers of a bf16 query over an e4m3 cache at 16 rows only.
+  if (three) return cudaErrorInvalidValue;
   if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {
       return launch_few_rows_as<Q, KV, kRows, true, true>(params, kv_map, stream, pdl);

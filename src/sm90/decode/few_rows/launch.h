@@ -21,11 +21,12 @@ inline constexpr int kMaxRows = 32;
 // (tma::make_kv_tensor_map's e4m3_swizzled): both on the FP8 tensor cores with an e4m3 query, fp16
 // GEMMs fed from registers with a bf16 query; else an e4m3 cache is widened in shared memory.
 // deep_ring (fp8_direct with an e4m3 query only): the e4m3 blocks on four stages instead of two
-// (the route's few_rows_deep).
+// (the route's few_rows_deep). three (fp8_direct with a bf16 query, 16 rows): three consumer
+// warpgroups instead of two (the route's few_rows_three).
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap& kv_map,
                             cudaStream_t stream, bool pdl, bool fp8_direct = false,
-                            bool deep_ring = false);
+                            bool deep_ring = false, bool three = false);
 
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout. fp8_direct (a

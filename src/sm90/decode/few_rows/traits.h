@@ -85,9 +85,10 @@ struct GmmaOpsRegs {
   using PvAtom = QkAtom;
 };
 
-// Named barriers (id 0 is __syncthreads). Per-consumer barriers are `first + consumer index`.
+// Named barriers (id 0 is __syncthreads). Per-consumer barriers are `first + consumer index` for
+// consumers 0 and 1, the `...Third` ones for consumer 2 (few_rows_kernel.cuh, barrier_id).
 enum class NamedBarrier : uint32_t {
-  kConsumers = 1,  // both consumer warpgroups (256 threads)
+  kConsumers = 1,  // every consumer warpgroup (256 or 384 threads)
   kMaxFirst = 2,   // block maxima of consumer warpgroup 0 exchanged between its 4 warps (128)
   kMaxSecond = 3,
   kPFirst = 4,  // P of consumer warpgroup 0 stored (128 threads)
@@ -97,6 +98,10 @@ enum class NamedBarrier : uint32_t {
   kWiden = 8,       // producer warps 1..3 widening an fp8 chunk (tma/fp8_ring.cuh; 96 threads)
   kLocalFirst = 9,  // consumer warpgroup 0 alone (128 threads), before each segment-end hand-off
   kLocalSecond = 10,
+  kMaxThird = 11,  // consumer warpgroup 2 of three (kConsumersN 3)
+  kPThird = 12,
+  kVoteThird = 13,
+  kLocalThird = 14,
 };
 
 // E: the GEMMs' element type. kRegsA (E fp16): the stages hold an e4m3 cache that the GEMMs take
@@ -106,9 +111,10 @@ enum class NamedBarrier : uint32_t {
 // kRowPitchN (with kRegsA): the stages hold each cache row whole at that pitch, as one bulk copy
 // lands it (tma::gather_rows_bulk): key k's byte b at k * kRowPitchN + b, every operand read
 // through ldmatrix; 0: the 64-column chunks of the 64-byte swizzle a TMA box writes. kDeepRing
-// (E e4m3): four stages instead of two (below, kStages).
+// (E e4m3): four stages instead of two (below, kStages). kConsumersN: consumer warpgroups, two, or
+// three for a dense call's e4m3 cache widened in registers at 16 rows (below, kConsumers).
 template <Elem E, int kRowsN, bool kRegsA = false, bool kDsMla = false, int kRowPitchN = 0,
-          bool kDeepRing = false>
+          bool kDeepRing = false, int kConsumersN = 2>
 struct FewRowsTraits {
   static_assert(!kRegsA || E == Elem::kFp16, "registers widen e4m3 to fp16");
   static_assert(!kDsMla || (kRegsA && kRowsN == 16 && kRowPitchN == 656),
@@ -123,8 +129,16 @@ struct FewRowsTraits {
   // Bytes of one cache value in a stage: e4m3 blocks land as they are (kFp8, kRegsA).
   static constexpr int kStageElemBytes = kFp8 || kRegsA ? 1 : 2;
 
-  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-  static constexpr int kConsumerThreads = 256;
+  // Consumer warpgroup c takes the blocks i with i % kConsumers == c. Three where the consumers'
+  // chains bound the block rate: an e4m3 cache widened in registers (kRegsA) at 16 rows, whose
+  // O^T (64 registers) leaves room for three warpgroups of 152 registers; one stage each
+  // (docs/sm90-fp8.md, the few-rows kernel's three consumers).
+  static constexpr int kConsumers = kConsumersN;
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kRegsA && !kDsMla && kRowsN == 16 &&
+                                    kRowPitchN == 0 && !kDeepRing),
+                "three consumers: an e4m3 cache widened in registers, 16 rows, dense");
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumers
+  static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kRows = kRowsN;  // padded query rows per CTA (GEMM N)
   static constexpr int kKeys = 64;      // keys per block (one pipeline stage, GEMM M of S^T)
   static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
@@ -137,7 +151,7 @@ struct FewRowsTraits {
   // H200), two where they are short (four cost a CTA of ~8 blocks ~0.7 us; docs/perf-notes.md,
   // Change 132).
   static_assert(!kDeepRing || (E == Elem::kFp8E4M3 && !kRegsA), "the e4m3 GEMMs' choice");
-  static constexpr int kStages = kRegsA || kDeepRing ? 4 : 2;
+  static constexpr int kStages = kConsumers == 3 ? 3 : kRegsA || kDeepRing ? 4 : 2;
   static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,
@@ -147,8 +161,8 @@ struct FewRowsTraits {
   static_assert(kChunks == kL / kChunkCols + 1, "one rope chunk of 64 columns");
   static_assert(kRows == 16 || kRows == 32, "N of the GMMA atoms instantiated above");
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+  static constexpr int kConsumerRegs = kConsumers == 3 ? 152 : 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 
   // Shared-memory layouts: 64-column chunks of swizzled rows (128-byte swizzle for 16-bit
   // values, 64-byte for e4m3), chunk after chunk; a TMA box of 64 columns x n rows with the same
@@ -199,16 +213,16 @@ struct FewRowsTraits {
 
   struct alignas(1024) SharedMemoryPlan {
     alignas(1024) T q[kRows * kD];  // query tile, SmemLayoutQ (padding rows 0)
-    alignas(1024) T k[kStages][kStageBytes / sizeof(T)];  // K blocks, SmemLayoutK
-    alignas(1024) T p[2][kPTiles][kRows * kKeys];  // [consumer][group] P of its block, SmemLayoutP
-    float max[2][2][4][kRows];      // [consumer][block parity][warp] block max over the warp's keys
-    float sum[2][4][kRows];         // [consumer][warp] row sums over the warp's keys, at the end
-    float final_max[2][kRows];      // [consumer] running max at the end
-    int64_t out_row[kRows];         // the row's offset in out (one split; -1: not written) or
-    float out_scale[kRows];         // partial_o, and what its O is multiplied by
-    const uint4* query_row[kRows];  // the query tile's row addresses (null: padding)
-    uint32_t query_max[kRows];      // kRegsA: the query rows' largest |value| (float bits)
-    float query_unscale[kRows];     // kRegsA: 2^-s, the inverse of the row's fp16 scale
+    alignas(1024) T k[kStages][kStageBytes / sizeof(T)];    // K blocks, SmemLayoutK
+    alignas(1024) T p[kConsumers][kPTiles][kRows * kKeys];  // [consumer][group] P, SmemLayoutP
+    float max[kConsumers][2][4][kRows];  // [consumer][block parity][warp] the warp's block max
+    float sum[kConsumers][4][kRows];  // [consumer][warp] row sums over the warp's keys, at the end
+    float final_max[kConsumers][kRows];  // [consumer] running max at the end
+    int64_t out_row[kRows];              // the row's offset in out (one split; -1: not written) or
+    float out_scale[kRows];              // partial_o, and what its O is multiplied by
+    const uint4* query_row[kRows];       // the query tile's row addresses (null: padding)
+    uint32_t query_max[kRows];           // kRegsA: the query rows' largest |value| (float bits)
+    float query_unscale[kRows];          // kRegsA: 2^-s, the inverse of the row's fp16 scale
     // The consumers' current segment (few_rows_kernel.cuh, SegmentState), written by consumer
     // thread 0 at its start and read where needed, not held in registers across its blocks.
     alignas(16) uint8_t segment[128];
@@ -218,7 +232,7 @@ struct FewRowsTraits {
     float scales[kStages][4][2][kKeys];
     // kDsMla: each consumer warp's largest group scales of the block's keys, [consumer][block
     // parity][warp][group].
-    alignas(16) float ds_max[2][2][4][4];
+    alignas(16) float ds_max[kConsumers][2][4][4];
     uint64_t full[kStages][kChunks];    // 64-column chunk landed (transaction bytes) or widened
     uint64_t landed[kStages][kChunks];  // fp8 cache: the chunk's e4m3 bytes landed
     // Chunks 0..3 / 4..8 consumed: one arrive per consumer warp (an e4m3 cache read as it lands:

@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
     // The blocks each stage held, as the producer counts (block i in stage i % 4).
     // NOTE: the next segment's query tile and row_nan stores come after the first barrier of its
     // load; out_row, out_scale and row_nan are read above before any thread gets there.
-    tma::advance_stage_parities4(used, num_blocks);
+    tma::advance_stage_parities<4>(used, num_blocks);
   }
 }
 

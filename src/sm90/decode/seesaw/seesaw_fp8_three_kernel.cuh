@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(Fp8ThreeTraits::kThreads, 1)
       // NOTE: the next segment's query tile and row_nan stores come after the first barrier of
       // its load; out_row, out_scale, row_nan and the row sums are read above before any thread
       // gets there.
-      tma::advance_stage_parities4(used, num_blocks);
+      tma::advance_stage_parities<4>(used, num_blocks);
     }
   };
   if (cw == 2) {

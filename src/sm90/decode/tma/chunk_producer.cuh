@@ -116,8 +116,8 @@ __device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p,
 // chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1`: the count, or its parity, of the blocks stages 0 and 1 held before this run
 // (the phase of their barriers): a CTA that walks several segments adds each run's blocks, (n + 1)
-// / 2 and n / 2 (walk_segments passes parities). A ring of four stages (block it into stage it % 4)
-// takes the four parities as bits 0..3 of `used0`.
+// / 2 and n / 2 (walk_segments passes parities). A ring of three or four stages (block it into
+// stage it % kStages) takes the stages' parities as bits 0..kStages - 1 of `used0`.
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
 // split only: docs/sm90-seesaw.md, the direct split).
 // kPair: the CTA is rank `rank` of a cluster of two whose tiles read the same blocks: it issues
@@ -131,7 +131,8 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
                                                uint32_t used0 = 0, uint32_t used1 = 0,
                                                uint32_t rank = 0) {
   constexpr int kStages = Traits::kStages;
-  static_assert(kStages == 2 || (kStages == 4 && !kPair), "rings of two or four stages");
+  static_assert(kStages == 2 || ((kStages == 3 || kStages == 4) && !kPair),
+                "rings of two, three or four stages");
   static_assert(!(kPair && kEvictFirst), "pairs run on the balanced schedule only");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);  // rows per box
@@ -154,8 +155,9 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   bool has = load_page(w.block_begin, page);
   for (int block = w.block_begin, it = 0; block < w.block_end; ++block, ++it) {
     const int stage = it % kStages;
-    const uint32_t phase = kStages == 2 ? ((stage == 0 ? used0 : used1) + (it >> 1)) & 1
-                                        : ((used0 >> stage) + (it >> 2)) & 1;
+    const uint32_t phase = kStages == 2
+                               ? ((stage == 0 ? used0 : used1) + (it >> 1)) & 1
+                               : ((used0 >> stage) + (kStages == 4 ? it >> 2 : it / kStages)) & 1;
     const int cur = page;
     const bool cur_has = has;
     if (block + 1 < w.block_end) has = load_page(block + 1, page);  // ahead of the waits
@@ -191,18 +193,20 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
   }
 }
 
-// A ring of four stages (block i of a segment in stage i % 4): the parities of the blocks each
-// stage has held (bits 0..3 of `used`) after a segment of n blocks.
-__device__ __forceinline__ void advance_stage_parities4(uint32_t& used, uint32_t n) {
+// A ring of kStages stages (block i of a segment in stage i % kStages): the parities of the blocks
+// each stage has held (bits 0..kStages - 1 of `used`) after a segment of n blocks.
+template <uint32_t kStages>
+__device__ __forceinline__ void advance_stage_parities(uint32_t& used, uint32_t n) {
 #pragma unroll
-  for (uint32_t s = 0; s < 4; ++s) used ^= (((n + 3 - s) / 4) & 1) << s;
+  for (uint32_t s = 0; s < kStages; ++s) used ^= (((n + kStages - 1 - s) / kStages) & 1) << s;
 }
 
 // The producer side's walk over the CTA's segments, in the consumers' order: `run(w, used0,
 // used1)` for each segment with blocks, where used0 and used1 are the parities of the blocks
 // stages 0 and 1 held before it (the phase of their barriers: only the parity is ever read, and
 // one bit each keeps the walk's state small for producers of 56 registers); returns those
-// parities after the last segment. kStages 4: used0 holds the four stages' parities as bits 0..3.
+// parities after the last segment. kStages 3 or 4: used0 holds the stages' parities as bits
+// 0..kStages - 1.
 template <typename Cursor, int kStages = 2, typename Run>
 __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint32_t& used0,
                                               uint32_t& used1, Run run) {
@@ -215,8 +219,8 @@ __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint3
     if (w.block_begin >= w.block_end) continue;
     run(w, used0, used1);
     const uint32_t n = w.block_end - w.block_begin;
-    if constexpr (kStages == 4) {
-      advance_stage_parities4(used0, n);
+    if constexpr (kStages != 2) {
+      advance_stage_parities<kStages>(used0, n);
     } else {
       used0 ^= ((n + 1) / 2) & 1;
       used1 ^= (n / 2) & 1;
