@@ -44,8 +44,10 @@ using tma::mbar_wait;
 using tma::named_barrier_and;
 using tma::named_barrier_sync;
 
+// kC: the CTA's consumer warpgroups (two: `first + consumer`, no test of the index on the path).
+template <int kC = 2>
 __device__ __forceinline__ uint32_t barrier_id(NamedBarrier b, int consumer = 0) {
-  if (consumer < 2) return static_cast<uint32_t>(b) + consumer;
+  if (kC == 2 || consumer < 2) return static_cast<uint32_t>(b) + consumer;
   const NamedBarrier third = b == NamedBarrier::kMaxFirst    ? NamedBarrier::kMaxThird
                              : b == NamedBarrier::kPFirst    ? NamedBarrier::kPThird
                              : b == NamedBarrier::kVoteFirst ? NamedBarrier::kVoteThird
@@ -443,7 +445,7 @@ __global__ void __launch_bounds__(
   // NOTE: before every consumers' barrier that hands stores of one consumer warpgroup to the
   // others, each warpgroup syncs itself: with the consumers' barrier alone, racecheck reported such
   // pairs as hazards (docs/sm90-few-rows.md, Sanitizers).
-  auto sync_local = [&] { named_barrier_sync(barrier_id(NamedBarrier::kLocalFirst, cw), 128); };
+  auto sync_local = [&] { named_barrier_sync(barrier_id<kC>(NamedBarrier::kLocalFirst, cw), 128); };
 
   typename Traits::TiledMmaQk mma_qk;
   typename Traits::TiledMmaPv mma_pv;
@@ -884,7 +886,7 @@ __global__ void __launch_bounds__(
               make_float4(gmax[0], gmax[1], gmax[2], gmax[3]);
         }
       }
-      named_barrier_sync(barrier_id(NamedBarrier::kMaxFirst, cw), 128);
+      named_barrier_sync(barrier_id<kC>(NamedBarrier::kMaxFirst, cw), 128);
       if constexpr (kDsRegs) {
         float gmax[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -920,7 +922,7 @@ __global__ void __launch_bounds__(
           negligible = negligible && (my_col(s) >= tile_rows ||
                                       exp2f(block_max[s] - col_max[s]) < skip_threshold);
         }
-        if (named_barrier_and(barrier_id(NamedBarrier::kVoteFirst, cw), 128, negligible)) {
+        if (named_barrier_and(barrier_id<kC>(NamedBarrier::kVoteFirst, cw), 128, negligible)) {
 #pragma unroll
           for (int s = 0; s < kCols; ++s) block_max[s] = kNegInf;  // P = 0: the block adds nothing
           CUTE_UNROLL
@@ -1013,7 +1015,7 @@ __global__ void __launch_bounds__(
                             std::is_same_v<T, cute::half_t> ? 0x7c00u : 0x7f80u, wtid, 128);
         }
         fence_proxy_async_smem();
-        named_barrier_sync(barrier_id(NamedBarrier::kPFirst, cw), 128);
+        named_barrier_sync(barrier_id<kC>(NamedBarrier::kPFirst, cw), 128);
       }
 
       // The consumer's last block of the segment keeps its stage (the merge below goes through it).
@@ -1157,7 +1159,10 @@ __global__ void __launch_bounds__(
     // Consumer c holds the stage of its last block (kept above) where it had one (c < num_blocks):
     // a segment of fewer blocks than consumers leaves the others none, and their stages may then
     // already hold the next segment's blocks.
-    auto has_block = [&](int c) { return c < num_blocks; };
+    // NOTE: two consumers keep the form `c == 0 || has_second` (another form moved ptxas's register
+    // allocation of the 32-row bf16-query kernel: +16 bytes of spill loads, +2%).
+    const bool has_second = num_blocks >= 2;
+    auto has_block = [&](int c) { return kC == 2 ? c == 0 || has_second : c < num_blocks; };
     // NOTE: the consumers' barrier orders the final_max and sum stores above before every read
     // below, and the barrier after the last reads orders those before the next segment's stores.
     sync_local();
@@ -1171,6 +1176,20 @@ __global__ void __launch_bounds__(
     };
     // Row r's max over the consumers (natural log units) and its sum at that max.
     auto row_total = [&](int r, float& m_nat, float& l) {
+      if constexpr (kC == 2) {
+        const float m0 = smem.final_max[0][r], m1 = smem.final_max[1][r];
+        const float m = fmaxf(m0, m1);
+        const float m_use = m == kNegInf ? 0.0f : m;
+        float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          l0 += smem.sum[0][x][r];
+          l1 += smem.sum[1][x][r];
+        }
+        m_nat = m == kNegInf ? kNegInf : m * 0.6931471805599453f;
+        l = (exp2f(m0 - m_use) * l0 + exp2f(m1 - m_use) * l1) * kPUnscale;
+        return;
+      }
       const float m = merged_max(r);
       const float m_use = m == kNegInf ? 0.0f : m;
       l = 0.0f;
