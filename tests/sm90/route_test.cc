@@ -602,8 +602,8 @@ TEST(Sm90Route, Fp8ThreeSwitch) {
 
 // The few-rows kernel's e4m3 GEMMs on four stages where a CTA is expected to hold at least 24
 // blocks (from max_seq_len, or top_k for a sparse call), on two below; MLA_SM90_FEW_ROWS_DEEP=0 or
-// 1 takes either on every such call. A bf16 query over the e4m3 cache has four stages of its own
-// and no choice.
+// 1 takes either on every such call. A bf16 query over the e4m3 cache takes no part in this
+// choice (four stages with two consumers, three with three: FewRowsThreeConsumers).
 TEST(Sm90Route, FewRowsDeepRing) {
   Switches sw;
   expect_routes(

@@ -143,10 +143,11 @@ struct FewRowsTraits {
   static constexpr int kKeys = 64;      // keys per block (one pipeline stage, GEMM M of S^T)
   static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
   static constexpr int kL = 512;        // value width
-  // Consumer c takes every block of parity c with its own online softmax: stage s holds the
-  // blocks of parity s. kRegsA (36 KB e4m3 stages, consumers busy widening): four stages, consumer
-  // c's blocks alternating between stages c and c + 2, so that each consumer has a block landing
-  // while it widens another (B128 H16 -2.5%). The e4m3 GEMMs take four where the route expects a
+  // Two consumers: consumer c takes every block of parity c with its own online softmax, stage s
+  // the blocks of parity s (three consumers: a stage each). kRegsA (36 KB e4m3 stages, consumers
+  // busy widening): four stages, consumer c's blocks alternating between stages c and c + 2, so
+  // that each consumer has a block landing while it widens another (B128 H16 -2.5%; on an H200
+  // two stages cost 4 to 9%, Change 133). The e4m3 GEMMs take four where the route expects a
   // CTA's segments to hold many blocks (kDeepRing: twice the bytes in flight, B128 H16 -6% on an
   // H200), two where they are short (four cost a CTA of ~8 blocks ~0.7 us; docs/perf-notes.md,
   // Change 132).
