@@ -1176,6 +1176,8 @@ __global__ void __launch_bounds__(
     };
     // Row r's max over the consumers (natural log units) and its sum at that max.
     auto row_total = [&](int r, float& m_nat, float& l) {
+      // NOTE: two consumers keep their own form (the loop below moved the register allocation of
+      // the two-consumer instantiations, as the form of has_block above did).
       if constexpr (kC == 2) {
         const float m0 = smem.final_max[0][r], m1 = smem.final_max[1][r];
         const float m = fmaxf(m0, m1);
