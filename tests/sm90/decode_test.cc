@@ -1125,6 +1125,14 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool seesaw = false) {
   c.seq_lens[1] = 1;
   c.seq_lens[2] = 64;
   add(c);
+  if (!seesaw) {
+    // 16 rows over segments of up to ~20 blocks, several a CTA: the route takes the bf16 query's
+    // three consumers, whose blocks walk a ring of five stages (block i in stage i % 5) across
+    // segments, and the e4m3 query's four stages.
+    c.q_len = 1;
+    c.seq_lens[3] = 9000;
+    add(c);
+  }
   if (seesaw) {
     c = Case();
     c.B = 2;  // requests of one segment each: out and lse without the combine's partials
