@@ -1126,9 +1126,9 @@ std::vector<Case> fp8_direct_cases(DataType q_dtype, bool seesaw = false) {
   c.seq_lens[2] = 64;
   add(c);
   if (!seesaw) {
-    // 16 rows over segments of up to ~20 blocks, several a CTA: the route takes the bf16 query's
-    // three consumers, whose blocks walk a ring of five stages (block i in stage i % 5) across
-    // segments, and the e4m3 query's four stages.
+    // 16 rows over segments of up to ~20 blocks, several a CTA (the other cases' CTAs hold a few
+    // blocks): the route takes the bf16 query's three consumers and the e4m3 query's four stages,
+    // whose stage phases carry from segment to segment.
     c.q_len = 1;
     c.seq_lens[3] = 9000;
     add(c);

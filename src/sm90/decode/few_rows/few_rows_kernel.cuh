@@ -10,11 +10,11 @@
 // where it covers its request (w.whole), out and lse themselves.
 //
 // Warpgroup roles (384 threads; 512 with three consumers, FewRowsTraits::kConsumers):
-//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a ring of 2, 4
-//     or 5 stages, every segment's blocks in turn (tma::walk_segments).
+//   WG0 producer: tma/chunk_producer.cuh, one K block (64 keys x 576) per stage of a ring of 2, 3
+//     or 4 stages, every segment's blocks in turn (tma::walk_segments).
 //   WG1, WG2 (, WG3) consumers: consumer c takes the blocks i % kC == c of a segment (on stage c,
-//     stages c and c + 2, or, three consumers, stage i % 5) on its own, with its own running max,
-//     row sums and O^T (512 x kRows, fp32): per block
+//     or stages c and c + 2) on its own, with its own running max, row sums and O^T (512 x kRows,
+//     fp32): per block
 //       S^T = K Q^T                  (36 x wgmma m64nNk16, A = K block, B = Q tile)
 //       m = max(m, colmax S^T), P = exp2(S^T - m), O^T = a O^T + V^T P^T  (32 x m64nNk16,
 //       A = V^T: the K block read MN-major, B = P from shared memory)
@@ -317,12 +317,9 @@ __global__ void __launch_bounds__(
   using Traits = FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing, kConsumersN>;
   using T = typename Traits::T;
   constexpr int kC = Traits::kConsumers;
-  // Each consumer on a stage of its own (two stages of two consumers), on stages c and c + 2 by
-  // round parity (four stages of two), or (five stages of three: kRing) block it of the segment in
-  // stage it % 5, the producer's order.
+  // Each consumer on a stage of its own (two stages of two consumers, three of three), or (four
+  // stages of two) on stages c and c + 2 by round parity.
   constexpr bool kOwnStage = Traits::kStages == kC;
-  constexpr bool kRing = kC == 3;
-  static_assert(!kRing || Traits::kStages == 5, "three consumers on five stages");
   using Plan = typename Traits::SharedMemoryPlan;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kL = Traits::kL;
   constexpr int kCols = Traits::kColsPerThread;
@@ -617,26 +614,13 @@ __global__ void __launch_bounds__(
       const int round = it / kC;
       const int par = round & 1;
       // Stage of the block and its phase: 16-bit rings, stage cw (used: its blocks so far); e4m3
-      // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1); kRing,
-      // stage it % 5 (used: every stage's parity, bits 0..4, as the producer's walk keeps them).
+      // rings, stages cw and cw + 2 by round parity (used: their parities, bits 0 and 1).
       // NOTE: broadcast from lane 0 (as cutlass::canonical_warp_group_idx does), so that the
       // compiler knows the stage is warp-uniform and builds its GMMA descriptors in uniform
       // registers (from `it`, ~8 R2UR and moves came before every chunk's wgmmas).
-      const int stage = __shfl_sync(0xffffffffu,
-                                    kRing       ? it % Traits::kStages
-                                    : kOwnStage ? cw
-                                                : cw + 2 * (round & 1),
-                                    0);
-      const uint32_t phase = kRing       ? ((used >> stage) + it / Traits::kStages) & 1
-                             : kOwnStage ? (used + round) & 1
-                                         : ((used >> (round & 1)) + (round >> 1)) & 1;
-      if constexpr (kRing) {
-        // NOTE: a stage's blocks go to different consumers, so the parity waits on its full
-        // barriers below hold only once its previous block's phases have completed (that block
-        // five back may belong to a consumer that lags behind). Its release, which the producer
-        // waits for too, says so: every thread of its consumer waited for all its chunks first.
-        mbar_wait(&smem.empty_l[stage], phase ^ 1);
-      }
+      const int stage = __shfl_sync(0xffffffffu, kOwnStage ? cw : cw + 2 * (round & 1), 0);
+      const uint32_t phase =
+          kOwnStage ? (used + round) & 1 : ((used >> (round & 1)) + (round >> 1)) & 1;
       const int key0 = (seg.w.block_begin + it) * kKeys;
       T* k_stage = smem.k[stage];
       // kDsRegs: the group scales of the thread's two keys (tScS rows r and r + 8), and each
@@ -1224,7 +1208,6 @@ __global__ void __launch_bounds__(
     // The stage of consumer c's last block of the segment (it kept it).
     auto kept_stage = [&](int c) {
       const int rounds = (num_blocks + kC - 1 - c) / kC;
-      if constexpr (kRing) return (c + kC * (rounds - 1)) % Traits::kStages;
       return kOwnStage ? c : c + 2 * ((rounds - 1) & 1);
     };
     const int own_stage = kept_stage(cw);
@@ -1333,9 +1316,7 @@ __global__ void __launch_bounds__(
       release(&smem.empty_l[own_stage]);
       release(&smem.empty_r[own_stage]);
     }
-    if constexpr (kRing) {
-      tma::advance_stage_parities<Traits::kStages>(used, num_blocks);
-    } else if constexpr (kOwnStage) {
+    if constexpr (kOwnStage) {
       used += (num_blocks + kC - 1 - cw) / kC;
     } else {
       const uint32_t rounds = (num_blocks + 1 - cw) / 2;  // on stages cw and cw + 2 by parity

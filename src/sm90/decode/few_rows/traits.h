@@ -131,8 +131,8 @@ struct FewRowsTraits {
 
   // Consumer warpgroup c takes the blocks i with i % kConsumers == c. Three where the consumers'
   // chains bound the block rate: an e4m3 cache widened in registers (kRegsA) at 16 rows, whose
-  // O^T (64 registers) leaves room for three warpgroups of 152 registers (docs/sm90-fp8.md, the
-  // few-rows kernel's three consumers).
+  // O^T (64 registers) leaves room for three warpgroups of 152 registers; one stage each
+  // (docs/sm90-fp8.md, the few-rows kernel's three consumers).
   static constexpr int kConsumers = kConsumersN;
   static_assert(kConsumers == 2 || (kConsumers == 3 && kRegsA && !kDsMla && kRowsN == 16 &&
                                     kRowPitchN == 0 && !kDeepRing),
@@ -144,17 +144,15 @@ struct FewRowsTraits {
   static constexpr int kD = 576;        // key width: kv_lora_rank 512 + rope 64
   static constexpr int kL = 512;        // value width
   // Two consumers: consumer c takes every block of parity c with its own online softmax, stage s
-  // the blocks of parity s. kRegsA (36 KB e4m3 stages, consumers busy widening): four stages,
-  // consumer c's blocks alternating between stages c and c + 2, so that each consumer has a block
-  // landing while it widens another (B128 H16 -2.5%; on an H200 two stages cost 4 to 9%, Change
-  // 133); three consumers: five stages, block i of a segment in stage i % 5 (six do not fit beside
-  // the query tile), so that a consumer's next block lands in a stage another consumer freed
-  // earlier instead of the one it is still reading (docs/perf-notes.md, Change 135). The e4m3
-  // GEMMs take four where the route expects a CTA's segments to hold many blocks (kDeepRing:
-  // twice the bytes in flight, B128 H16 -6% on an H200), two where they are short (four cost a
-  // CTA of ~8 blocks ~0.7 us; docs/perf-notes.md, Change 132).
+  // the blocks of parity s (three consumers: a stage each). kRegsA (36 KB e4m3 stages, consumers
+  // busy widening): four stages, consumer c's blocks alternating between stages c and c + 2, so
+  // that each consumer has a block landing while it widens another (B128 H16 -2.5%; on an H200
+  // two stages cost 4 to 9%, Change 133). The e4m3 GEMMs take four where the route expects a
+  // CTA's segments to hold many blocks (kDeepRing: twice the bytes in flight, B128 H16 -6% on an
+  // H200), two where they are short (four cost a CTA of ~8 blocks ~0.7 us; docs/perf-notes.md,
+  // Change 132).
   static_assert(!kDeepRing || (E == Elem::kFp8E4M3 && !kRegsA), "the e4m3 GEMMs' choice");
-  static constexpr int kStages = kConsumers == 3 ? 5 : kRegsA || kDeepRing ? 4 : 2;
+  static constexpr int kStages = kConsumers == 3 ? 3 : kRegsA || kDeepRing ? 4 : 2;
   static constexpr int kChunkCols = 64;  // one swizzle atom row: 128 bytes (16-bit), 64 (e4m3)
   static constexpr int kChunks = kD / kChunkCols;
   // The chunk producer's split of a stage: chunks 0..3 go back after the first half of P V,

@@ -116,7 +116,7 @@ __device__ __forceinline__ void store_empty_segment(const DecodeKernelParams& p,
 // chunks and the rope chunk once consumer 1 has too (empty_r).
 // `used0` and `used1`: the count, or its parity, of the blocks stages 0 and 1 held before this run
 // (the phase of their barriers): a CTA that walks several segments adds each run's blocks, (n + 1)
-// / 2 and n / 2 (walk_segments passes parities). A ring of three to five stages (block it into
+// / 2 and n / 2 (walk_segments passes parities). A ring of three or four stages (block it into
 // stage it % kStages) takes the stages' parities as bits 0..kStages - 1 of `used0`.
 // kEvictFirst: the boxes carry an evict-first L2 policy (the seesaw kernel's direct
 // split only: docs/sm90-seesaw.md, the direct split).
@@ -131,8 +131,8 @@ __device__ __forceinline__ void produce_chunks(const DecodeKernelParams& p, cons
                                                uint32_t used0 = 0, uint32_t used1 = 0,
                                                uint32_t rank = 0) {
   constexpr int kStages = Traits::kStages;
-  static_assert(kStages == 2 || (kStages >= 3 && kStages <= 5 && !kPair),
-                "rings of two to five stages");
+  static_assert(kStages == 2 || ((kStages == 3 || kStages == 4) && !kPair),
+                "rings of two, three or four stages");
   static_assert(!(kPair && kEvictFirst), "pairs run on the balanced schedule only");
   constexpr int kKeys = Traits::kKeys;
   const int page_rows = min(kKeys, p.page_size);  // rows per box
@@ -205,7 +205,7 @@ __device__ __forceinline__ void advance_stage_parities(uint32_t& used, uint32_t 
 // used1)` for each segment with blocks, where used0 and used1 are the parities of the blocks
 // stages 0 and 1 held before it (the phase of their barriers: only the parity is ever read, and
 // one bit each keeps the walk's state small for producers of 56 registers); returns those
-// parities after the last segment. kStages 3 to 5: used0 holds the stages' parities as bits
+// parities after the last segment. kStages 3 or 4: used0 holds the stages' parities as bits
 // 0..kStages - 1.
 template <typename Cursor, int kStages = 2, typename Run>
 __device__ __forceinline__ void walk_segments(const DecodeKernelParams& p, uint32_t& used0,
