@@ -497,6 +497,31 @@ __global__ void __launch_bounds__(
   // The thread's query rows (columns of S^T and O^T): slot s is the column of the values v with
   // col_slot(v) == s.
   auto my_col = [&](int s) { return 2 * (lane & 3) + (s & 1) + 8 * (s >> 1); };
+  // A 16-bit P tile (rows x keys, SmemLayoutP at byte address `base`) from S^T's fragment, value v
+  // being value(v): per 16 rows one transposed stmatrix of the warp's four 8 x 8 matrices (keys
+  // 16 w + 8 h .. + 7 by rows 8 b .. + 7 in register h + 2 b: values 2 h + 4 b and the next, two
+  // adjacent rows of one key), each of whose transposed rows (one query row, 8 keys) is a 16-byte
+  // unit of the swizzled row. One store instead of eight 2-byte ones, and one address a thread
+  // instead of one a value (held across the blocks, eight of them spilled: ptxas reloaded two
+  // every block, docs/perf-notes.md, Change 136).
+  const uint32_t p_lane_offset =
+      tma::swizzled_offset(8 * (lane >> 4) + (lane & 7), 16 * warp + 8 * ((lane >> 3) & 1), kRows);
+  auto store_p16 = [&](uint32_t base, auto value) {
+    auto pack = [&](int v) {
+      if constexpr (std::is_same_v<T, cute::bfloat16_t>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(value(v), value(v + 1));
+        return *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(value(v), value(v + 1));
+        return *reinterpret_cast<const uint32_t*>(&h);
+      }
+    };
+#pragma unroll
+    for (int q = 0; q < kRows / 16; ++q) {
+      tma::stmatrix_x4_trans(base + p_lane_offset + tma::swizzled_offset(16 * q, 0, kRows),
+                             pack(8 * q), pack(8 * q + 2), pack(8 * q + 4), pack(8 * q + 6));
+    }
+  };
   const float bmm1_scale = bmm1_scale_of(p);
   const float score_scale = bmm1_scale * 1.4426950408889634f;  // log2(e): scores in base 2
 
@@ -984,19 +1009,11 @@ __global__ void __launch_bounds__(
           }
 #pragma unroll
           for (int g = 0; g < 4; ++g) {
-            uint8_t* pg = reinterpret_cast<uint8_t*>(smem.p[cw][g]);
-            CUTE_UNROLL
-            for (int v = 0; v < size(tSrS); ++v) {
-              const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
-              *reinterpret_cast<T*>(pg + offset) = T(tSrS(v) * w[(v >> 1) & 1][g]);
-            }
+            store_p16(tma::smem_addr(smem.p[cw][g]),
+                      [&](int v) { return tSrS(v) * w[(v >> 1) & 1][g]; });
           }
         } else {
-          CUTE_UNROLL
-          for (int v = 0; v < size(tSrS); ++v) {
-            const uint32_t offset = tma::swizzled_offset(get<1>(tScS(v)), get<0>(tScS(v)), kRows);
-            *reinterpret_cast<T*>(p_bytes + offset) = T(tSrS(v));
-          }
+          store_p16(tma::smem_addr(p_bytes), [&](int v) { return tSrS(v); });
         }
         // NOTE: TMA loads whole boxes and skips pages past the extent; those rows may hold NaN
         // (poisoned cache, stale stage), and P = 0 times NaN is NaN. The fp8 ring widens them

@@ -361,6 +361,17 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
                : "memory");
 }
 
+// The same four matrices stored transposed (stmatrix .x4 .trans): lane l gives the address of row
+// l % 8 of the transpose of matrix l / 8, whose row j is column j of the matrix (8 values, 16
+// contiguous bytes).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t smem_addr, uint32_t r0, uint32_t r1,
+                                                  uint32_t r2, uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.x4.trans.m8n8.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
+}
+
 // ---- cp.async (16-byte and 4-byte copies, no registers; the gather producer: gather.cuh) ----
 
 // `bytes` (16 or 0) of src into dst, the rest zero-filled: 0 reads nothing and writes 16 zeros.
