@@ -24,7 +24,6 @@
 
 #include <cute/tensor.hpp>
 
-#include <climits>
 #include <type_traits>
 
 #include "sm90/common.cuh"
@@ -229,12 +228,13 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
       rule[s] = tma::dense_row_rule(p, w, my_row[s], row_valid[s]);
     }
     // The first key some row of the tile does not attend: blocks past it take the masked path in
-    // every thread and clean their V rows from it on.
+    // every thread and clean their V rows from it on. Without a mask every row's causal limit is
+    // at least the first token's, so a block before it is attended whole by every row.
+    // NOTE: the thread's own rows' least limit, held beside it across the blocks, was spilled and
+    // reloaded every block (docs/perf-notes.md, Change 137); it never differed from tile_limit
+    // where the unmasked path can be taken.
     const int tile_limit =
         max(0, p.mask != nullptr ? w.seq_len - w.n : w.seq_len - w.n + w.row0 / p.num_heads + 1);
-    const int unmasked_limit =
-        min(min(row_valid[0] ? rule[0].limit : INT_MAX, row_valid[1] ? rule[1].limit : INT_MAX),
-            tile_limit);
 
     float row_max[2] = {kNegInf, kNegInf};
     float row_sum[2] = {0.0f, 0.0f};
@@ -313,8 +313,7 @@ __global__ void __launch_bounds__(Fp8SeesawTraits::kThreads, 1)
 
       if (mine) {
         // ---- mask; row max; softmax; P into the rope chunk (e4m3) ----
-        const bool unmasked =
-            p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= unmasked_limit;
+        const bool unmasked = p.mask == nullptr && score_scale > 0.0f && key0 + kKeys <= tile_limit;
         float block_max[2] = {kNegInf, kNegInf};
         float m_new[2], a_new[2];
         uint8_t* stage_bytes = reinterpret_cast<uint8_t*>(smem.k[own_stage]);
