@@ -502,8 +502,9 @@ __global__ void __launch_bounds__(
   // 16 w + 8 h .. + 7 by rows 8 b .. + 7 in register h + 2 b: values 2 h + 4 b and the next, two
   // adjacent rows of one key), each of whose transposed rows (one query row, 8 keys) is a 16-byte
   // unit of the swizzled row. One store instead of eight 2-byte ones, and one address a thread
-  // instead of one a value (held across the blocks, eight of them spilled: ptxas reloaded two
-  // every block, docs/perf-notes.md, Change 136).
+  // instead of one a value: held across the blocks, those were what ptxas spilled (2 reloads a
+  // block in the three-consumer kernel, 8 in the 32-row bf16-query one; docs/perf-notes.md,
+  // Change 136).
   const uint32_t p_lane_offset =
       tma::swizzled_offset(8 * (lane >> 4) + (lane & 7), 16 * warp + 8 * ((lane >> 3) & 1), kRows);
   auto store_p16 = [&](uint32_t base, auto value) {
