@@ -645,10 +645,10 @@ TEST(Sm90Route, FewRowsDeepRing) {
                 sw);
 }
 
-// A dense few-rows call of a bf16 query over a per-tensor e4m3 cache read as it lands runs three
-// consumer warpgroups at 16 rows where a CTA is expected to hold at least 12 blocks, two below,
-// at 32 rows and for sparse calls; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three on every
-// such call at 16 rows.
+// A few-rows call of a bf16 query over a per-tensor e4m3 cache read as it lands (dense, or sparse
+// in tiles of 16 heads) runs three consumer warpgroups at 16 rows where a CTA is expected to hold
+// at least 12 blocks, two below and at 32 rows; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three
+// on every such call at 16 rows.
 TEST(Sm90Route, FewRowsThreeConsumers) {
   Switches sw;
   expect_routes(
@@ -664,8 +664,14 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
         "few_rows splits=128 rows=16 fp8_direct three combine"},
        {"B128 q2 H16: 32 rows", dense(128, 16, 2).dtypes(kBf16, kFp8),
         "few_rows schedule parts=132 rows=32 fp8_direct combine"},
-       {"sparse", dense(128, 16, 2).sparse(2048).dtypes(kBf16, kFp8),
-        "few_rows splits=1 rows=16 fp8_direct sparse"},
+       {"sparse B128 q2 H16, top_k 2048: 32 blocks a token",
+        dense(128, 16, 2).sparse(2048).dtypes(kBf16, kFp8),
+        "few_rows splits=1 rows=16 fp8_direct three sparse"},
+       {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kBf16, kFp8),
+        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+       {"sparse B64 H16, top_k 512: 4 blocks a split",
+        dense(64, 16, 1).sparse(512).dtypes(kBf16, kFp8),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
        {"an e4m3 query", dense(128, 16, 1).dtypes(kFp8, kFp8),
         "few_rows schedule parts=132 rows=16 fp8_direct deep combine"}},
       sw);

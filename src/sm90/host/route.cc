@@ -48,10 +48,11 @@ constexpr int64_t kFp8SeesawMinBlocks = 2;
 // (sparse) 1% slower and 15.5 (dense, 32 rows) 1.6% faster, from 32 up 4 to 10% faster
 // (docs/perf-notes.md, Change 132).
 constexpr int64_t kFewRowsDeepMinBlocks = 24;
-// The fewest blocks a CTA is expected to hold (as above) at which a dense few-rows call of a bf16
-// query over a per-tensor e4m3 cache at 16 rows runs three consumer warpgroups
-// (Route::few_rows_three): at 8 blocks a CTA three measured +1.6% (B8 H16) and -0.7% (B1 s65536
-// H16), at 2 +1.5%, at 16 -0.6%, at 62 to 125 -4 to -6% (docs/perf-notes.md, Change 134).
+// The fewest blocks a CTA is expected to hold (as above) at which a few-rows call of a bf16 query
+// over a per-tensor e4m3 cache at 16 rows runs three consumer warpgroups
+// (Route::few_rows_three): dense, at 8 blocks a CTA three measured +1.6% (B8 H16) and -0.7% (B1
+// s65536 H16), at 2 +1.5%, at 16 -0.6%, at 62 to 125 -4 to -6% (docs/perf-notes.md, Change 134);
+// sparse calls take the same rule (Change 138).
 constexpr int64_t kFewRowsThreeMinBlocks = 12;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -348,9 +349,10 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
       r.few_rows_deep =
           sw.few_rows_deep >= 0 ? sw.few_rows_deep == 1 : cta_blocks >= kFewRowsDeepMinBlocks;
     }
-    // A bf16 query over it at 16 rows (dense): three consumers, whose chains bound the block rate,
-    // where a CTA holds enough blocks for the third (kFewRowsThreeMinBlocks).
-    if (r.fp8_direct && !f.sparse && r.few_rows == 16 && p.q_dtype == dtype::kBFloat16 &&
+    // A bf16 query over it at 16 rows (dense, or a sparse call's tile of 16 heads): three
+    // consumers, whose chains bound the block rate, where a CTA holds enough blocks for the third
+    // (kFewRowsThreeMinBlocks).
+    if (r.fp8_direct && r.few_rows == 16 && p.q_dtype == dtype::kBFloat16 &&
         p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain) {
       r.few_rows_three =
           sw.few_rows_three >= 0 ? sw.few_rows_three == 1 : cta_blocks >= kFewRowsThreeMinBlocks;

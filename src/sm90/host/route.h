@@ -77,7 +77,7 @@ struct Route {
   // where a CTA is expected to hold at least kFewRowsDeepMinBlocks blocks (route.cc); short
   // segments keep two (docs/sm90-fp8.md).
   bool few_rows_deep = false;
-  // kFewRows, fp8_direct, dense, bf16 query over a per-tensor e4m3 cache, 16 rows: three consumer
+  // kFewRows, fp8_direct, bf16 query over a per-tensor e4m3 cache, 16 rows: three consumer
   // warpgroups instead of two, each a stage of its own, where a CTA is expected to hold at least
   // kFewRowsThreeMinBlocks blocks (route.cc; docs/sm90-fp8.md).
   bool few_rows_three = false;

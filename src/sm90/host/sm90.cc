@@ -361,7 +361,8 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const CUtensorMap& q_m
   const bool direct = route.fp8_direct;
   const bool deep = route.few_rows_deep;
   if (route.few_rows == 16) {
-    return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct, deep);
+    return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct, deep,
+                                                       route.few_rows_three);
   }
   if constexpr (KV == Elem::kFp8DsMla) {
     return cudaErrorInvalidValue;  // fp8_ds_mla rows take it at 16 rows only (route.cc, family_of)

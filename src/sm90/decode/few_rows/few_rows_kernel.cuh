@@ -1382,12 +1382,12 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false>
+template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false, int kConsumers = 2>
 cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStream_t stream,
                                       bool pdl) {
-  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true, kDeepRing>;
+  using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true, kDeepRing, kConsumers>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct, kDeepRing>;
+  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct, kDeepRing, kConsumers>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // A tile of kRows heads per CTA (grid x: a token's heads past kRows take several; route.cc).
@@ -1398,7 +1398,14 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
 
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
-                                   bool fp8_direct, bool deep_ring) {
+                                   bool fp8_direct, bool deep_ring, bool three) {
+  if constexpr (Q == Elem::kBf16 && KV == Elem::kFp8E4M3 && kRows == 16) {
+    if (fp8_direct && three && !deep_ring) {
+      return launch_few_rows_sparse_as<Q, KV, kRows, true, false, 3>(params, stream, pdl);
+    }
+  }
+  // The route asks for three consumers of a bf16 query over an e4m3 cache at 16 rows only.
+  if (three) return cudaErrorInvalidValue;
   if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {
       return launch_few_rows_sparse_as<Q, KV, kRows, true, true>(params, stream, pdl);

@@ -31,10 +31,11 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
 // A sparse call: grid (1, params.num_tokens, params.num_splits), one token's H <= kRows heads per
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout. fp8_direct (a
 // per-tensor e4m3 cache only): the rows land as e4m3 (tma::gather_e4m3_direct) for the GEMMs of
-// launch_few_rows' fp8_direct; else an e4m3 cache is widened in shared memory. deep_ring: as
-// launch_few_rows'.
+// launch_few_rows' fp8_direct; else an e4m3 cache is widened in shared memory. deep_ring, three:
+// as launch_few_rows'.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
-                                   bool fp8_direct = false, bool deep_ring = false);
+                                   bool fp8_direct = false, bool deep_ring = false,
+                                   bool three = false);
 
 }  // namespace mla::sm90::few_rows
