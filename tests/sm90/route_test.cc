@@ -248,7 +248,7 @@ TEST(Sm90Route, Table) {
        "seesaw splits=32 tiles=1 sparse combine"},
       {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel, rows read as they land",
        dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-       "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+       "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
       {"sparse, fp8_ds_mla, H32: the few-rows kernel's tiles of 16 heads, two a token",
        dense(64, 32, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=1 rows=16 fp8_direct sparse"},
       {"sparse, fp8 query and cache, H32 q2: tiles of one token",
@@ -561,7 +561,7 @@ TEST(Sm90Route, DsDirectSwitch) {
                   "few_rows schedule parts=132 rows=16 combine"}},
                 sw);
   expect_routes({{"sparse fp8_ds_mla, H16", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-                  "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+                  "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
                  {"dense fp8_ds_mla, H16: gathered either way", dense(8, 16, 1).fp8_ds_mla(),
                   "few_rows schedule parts=132 rows=16 combine"}});
 }
@@ -647,7 +647,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
 
 // A few-rows call of a bf16 query over a per-tensor e4m3 cache read as it lands (dense, or sparse
 // in tiles of 16 heads) runs three consumer warpgroups at 16 rows where a CTA is expected to hold
-// at least 12 blocks, two below and at 32 rows; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three
+// at least 12 blocks, two below and at 32 rows; a sparse call's fp8_ds_mla rows too, but only
+// below 24 blocks and without sparse_topk_lens; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three
 // on every such call at 16 rows.
 TEST(Sm90Route, FewRowsThreeConsumers) {
   Switches sw;
@@ -672,16 +673,30 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
        {"sparse B64 H16, top_k 512: 4 blocks a split",
         dense(64, 16, 1).sparse(512).dtypes(kBf16, kFp8),
         "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+       {"sparse fp8_ds_mla B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+       {"sparse fp8_ds_mla B64 H16, top_k 512: 4 blocks a split",
+        dense(64, 16, 1).sparse(512).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+       {"sparse fp8_ds_mla B128 H16: 32 blocks a split, two",
+        dense(128, 16, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=1 rows=16 fp8_direct sparse"},
+       {"sparse fp8_ds_mla B64 H16 with sparse_topk_lens: two",
+        dense(64, 16, 1).sparse(2048).fp8_ds_mla().topk_lens(),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
        {"an e4m3 query", dense(128, 16, 1).dtypes(kFp8, kFp8),
         "few_rows schedule parts=132 rows=16 fp8_direct deep combine"}},
       sw);
   sw.few_rows_three = 0;
   expect_routes({{"B128 H16: two", dense(128, 16, 1).dtypes(kBf16, kFp8),
-                  "few_rows schedule parts=132 rows=16 fp8_direct combine"}},
+                  "few_rows schedule parts=132 rows=16 fp8_direct combine"},
+                 {"sparse fp8_ds_mla B64 H16: two", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+                  "few_rows splits=2 rows=16 fp8_direct sparse combine"}},
                 sw);
   sw.few_rows_three = 1;
   expect_routes({{"B1 H16: three", dense(1, 16, 1).dtypes(kBf16, kFp8),
                   "few_rows splits=64 rows=16 fp8_direct three combine"},
+                 {"sparse fp8_ds_mla B128 H16: three", dense(128, 16, 1).sparse(2048).fp8_ds_mla(),
+                  "few_rows splits=1 rows=16 fp8_direct three sparse"},
                  {"B1 H16 q2: 32 rows, two", dense(1, 16, 2).dtypes(kBf16, kFp8),
                   "few_rows splits=64 rows=32 fp8_direct combine"}},
                 sw);

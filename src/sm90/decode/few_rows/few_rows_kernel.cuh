@@ -1399,12 +1399,14 @@ cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStre
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
                                    bool fp8_direct, bool deep_ring, bool three) {
-  if constexpr (Q == Elem::kBf16 && KV == Elem::kFp8E4M3 && kRows == 16) {
+  if constexpr (Q == Elem::kBf16 && (KV == Elem::kFp8E4M3 || KV == Elem::kFp8DsMla) &&
+                kRows == 16) {
     if (fp8_direct && three && !deep_ring) {
       return launch_few_rows_sparse_as<Q, KV, kRows, true, false, 3>(params, stream, pdl);
     }
   }
-  // The route asks for three consumers of a bf16 query over an e4m3 cache at 16 rows only.
+  // The route asks for three consumers of a bf16 query over per-tensor e4m3 or fp8_ds_mla rows at
+  // 16 rows only.
   if (three) return cudaErrorInvalidValue;
   if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {

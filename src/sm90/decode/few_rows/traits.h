@@ -130,13 +130,13 @@ struct FewRowsTraits {
   static constexpr int kStageElemBytes = kFp8 || kRegsA ? 1 : 2;
 
   // Consumer warpgroup c takes the blocks i with i % kConsumers == c. Three where the consumers'
-  // chains bound the block rate: an e4m3 cache widened in registers (kRegsA) at 16 rows, whose
-  // O^T (64 registers) leaves room for three warpgroups of 152 registers; one stage each
-  // (docs/sm90-fp8.md, the few-rows kernel's three consumers).
+  // chains bound the block rate: an e4m3 cache widened in registers (kRegsA: per-tensor e4m3, or
+  // a sparse call's fp8_ds_mla rows) at 16 rows, whose O^T (64 registers) leaves room for three
+  // warpgroups of 152 or 160 registers; one stage each (docs/sm90-fp8.md, the few-rows kernel's
+  // three consumers).
   static constexpr int kConsumers = kConsumersN;
-  static_assert(kConsumers == 2 || (kConsumers == 3 && kRegsA && !kDsMla && kRowsN == 16 &&
-                                    kRowPitchN == 0 && !kDeepRing),
-                "three consumers: an e4m3 cache widened in registers, 16 rows, dense");
+  static_assert(kConsumers == 2 || (kConsumers == 3 && kRegsA && kRowsN == 16 && !kDeepRing),
+                "three consumers: an e4m3 cache widened in registers, 16 rows");
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumers
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kRows = kRowsN;  // padded query rows per CTA (GEMM N)
@@ -161,8 +161,11 @@ struct FewRowsTraits {
   static constexpr int kColsPerThread = kRows / 4;  // query rows per thread in a 64 x N fragment
   static_assert(kChunks == kL / kChunkCols + 1, "one rope chunk of 64 columns");
   static_assert(kRows == 16 || kRows == 32, "N of the GMMA atoms instantiated above");
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = kConsumers == 3 ? 152 : 232;
+  // Three consumers over fp8_ds_mla rows (a sparse call's gather: the producer only issues one
+  // bulk copy a row) take 160 registers and leave the producer 32: at 152 the group scales
+  // spilled, 11 reloads a block (docs/perf-notes.md, Change 139).
+  static constexpr int kProducerRegs = kConsumers == 3 && kDsMla ? 32 : 40;
+  static constexpr int kConsumerRegs = kConsumers == 3 ? (kDsMla ? 160 : 152) : 232;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536, "register file");
 
   // Shared-memory layouts: 64-column chunks of swizzled rows (128-byte swizzle for 16-bit
