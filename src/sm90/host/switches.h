@@ -61,8 +61,9 @@ struct Switches {
   // on every such call; anything else (unset) is the route's rule (route.h, Route::few_rows_deep).
   int few_rows_deep = -1;  // -1: the rule
   // MLA_SM90_FEW_ROWS_THREE: 0 runs a few-rows call (dense or sparse) of a bf16 query over a
-  // per-tensor e4m3 cache at 16 rows on two consumer warpgroups, 1 on three; anything else (unset)
-  // is the route's rule (route.h, Route::few_rows_three).
+  // per-tensor e4m3 cache, or a sparse call's fp8_ds_mla rows, at 16 rows on two consumer
+  // warpgroups, 1 on three; anything else (unset) is the route's rule (route.h,
+  // Route::few_rows_three).
   int few_rows_three = -1;  // -1: the rule
   // MLA_SM90_COMBINE_ROWS=N (N >= 0, at most 256): the combine runs one warp per row (the row
   // kernel) where a call's rows have at most N splits (the typical count) and fill at least half
