@@ -7,7 +7,8 @@
 //   bulk per row:  lanes 0..63 issue one cp.async.bulk of a whole row each on the stage's mbarrier.
 // Rows come from all 2^20 rows of a buffer, or with WINDOW=1 from each CTA's own 8192 (a
 // request's cache, as a top-k draws them). Events around one launch after a 256 MiB write that
-// flushes L2, median of 20; TB/s counts the gathered bytes. A measurement tool, not a test.
+// flushes L2, median of 20; TB/s counts the gathered bytes. SORT=N sorts each run of N indices
+// (the rows of N / 64 blocks in ascending order). A measurement tool, not a test.
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdint>
@@ -172,8 +173,16 @@ int main() {
     const size_t cta = i / (static_cast<size_t>(kMaxBlocks) * kRows);
     h[i] = window ? static_cast<int>(cta * 8192 + rng() % 8192) : static_cast<int>(rng() % n_rows);
   }
-  std::printf("SMs %d; rows drawn %s\n", sms,
-              window ? "from each CTA's window of 8192 rows" : "from all 2^20 rows");
+  // SORT=N: each consecutive run of N indices (a CTA's list starts at a multiple of N where N
+  // divides 64 x 64) in ascending order, as a top-k list sorted before its gather would be.
+  const int sort_run = std::getenv("SORT") != nullptr ? std::atoi(std::getenv("SORT")) : 0;
+  if (sort_run > 0) {
+    for (size_t i = 0; i + sort_run <= h.size(); i += sort_run) {
+      std::sort(h.begin() + i, h.begin() + i + sort_run);
+    }
+  }
+  std::printf("SMs %d; rows drawn %s; runs of %d indices sorted\n", sms,
+              window ? "from each CTA's window of 8192 rows" : "from all 2^20 rows", sort_run);
   int* idx;
   cudaMalloc(&idx, h.size() * 4);
   cudaMemcpy(idx, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
