@@ -648,8 +648,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
 // A few-rows call of a bf16 query over a per-tensor e4m3 cache read as it lands (dense, or sparse
 // in tiles of 16 heads) runs three consumer warpgroups at 16 rows where a CTA is expected to hold
 // at least 12 blocks, two below and at 32 rows; a sparse call's fp8_ds_mla rows too, but only
-// below 24 blocks and without sparse_topk_lens; MLA_SM90_FEW_ROWS_THREE=0 or 1 takes two or three
-// on every such call at 16 rows.
+// for one tile a token, below 24 blocks and without sparse_topk_lens; MLA_SM90_FEW_ROWS_THREE=0
+// or 1 takes two or three on every such call at 16 rows.
 TEST(Sm90Route, FewRowsThreeConsumers) {
   Switches sw;
   expect_routes(
@@ -680,6 +680,9 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
         "few_rows splits=2 rows=16 fp8_direct sparse combine"},
        {"sparse fp8_ds_mla B128 H16: 32 blocks a split, two",
         dense(128, 16, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=1 rows=16 fp8_direct sparse"},
+       {"sparse fp8_ds_mla B32 H32: 16 blocks a split, two tiles a token: two",
+        dense(32, 32, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
        {"sparse fp8_ds_mla B64 H16 with sparse_topk_lens: two",
         dense(64, 16, 1).sparse(2048).fp8_ds_mla().topk_lens(),
         "few_rows splits=2 rows=16 fp8_direct sparse combine"},

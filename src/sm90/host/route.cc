@@ -56,10 +56,10 @@ constexpr int64_t kFewRowsDeepMinBlocks = 24;
 constexpr int64_t kFewRowsThreeMinBlocks = 12;
 // The bound (exclusive) on the blocks a CTA is expected to hold below which a sparse call's
 // fp8_ds_mla rows take three consumers by the rule above: against two, B64 H16 at 16 blocks a
-// CTA measured -3.0%, at 20 -1.0%, B128 H16 at 32 +0.6% and -0.4%, B64 H32 (two tiles of 16
-// heads a token) at 32 +3.9% and +0.1%; at 24 and 32 blocks (B64 H16, top_k 3072 and 4096) three
-// forced -1.1% and -0.5%; with sparse_topk_lens of mean 1024 (8 blocks a CTA on average) +2.8%
-// (docs/perf-notes.md, Change 139).
+// CTA measured -3.0%, at 20 -1.0%, B128 H16 at 32 +0.6%, B64 H32 (two tiles of 16 heads a token,
+// each CTA gathering the same rows) at 32 +3.9%; at 24 and 32 blocks (B64 H16, top_k 3072 and
+// 4096) three forced -1.1% and -0.5%; with sparse_topk_lens of mean 1024 (8 blocks a CTA on
+// average) +2.8% (docs/perf-notes.md, Change 139). Tokens of more than one tile keep two.
 constexpr int64_t kFewRowsThreeDsMaxBlocks = 24;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -359,8 +359,9 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
     // A bf16 query over it at 16 rows (dense, or a sparse call's tile of 16 heads): three
     // consumers, whose chains bound the block rate, where a CTA holds enough blocks for the third
     // (kFewRowsThreeMinBlocks).
-    // A sparse call's fp8_ds_mla rows the same, but only below kFewRowsThreeDsMaxBlocks blocks a
-    // CTA and without sparse_topk_lens (whose CTAs hold fewer blocks than top_k says).
+    // A sparse call's fp8_ds_mla rows the same, but only for one tile a token, below
+    // kFewRowsThreeDsMaxBlocks blocks a CTA and without sparse_topk_lens (whose CTAs hold fewer
+    // blocks than top_k says).
     const bool ds_rows = f.sparse && p.kv_format == KvFormat::kFp8DsMla;
     if (r.fp8_direct && r.few_rows == 16 && p.q_dtype == dtype::kBFloat16 &&
         ((p.kv_dtype == dtype::kFloat8E4M3 && p.kv_format == KvFormat::kPlain) || ds_rows)) {
@@ -368,6 +369,7 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
                              ? sw.few_rows_three == 1
                              : cta_blocks >= kFewRowsThreeMinBlocks &&
                                    (!ds_rows || (cta_blocks < kFewRowsThreeDsMaxBlocks &&
+                                                 sparse_few_rows_tiles(p) == 1 &&
                                                  p.topk_lens_mode == TopkLensMode::kNone));
     }
   } else if (f.sparse && f.seesaw) {
