@@ -140,6 +140,9 @@ if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   # seesaw cases (CTest's Fp8Two).
   groups+=("fp8two|sm90_decode_test|Fp8Seesaw/*:Sm90DecodeFp8Graph.*|MLA_SM90_FP8_THREE=0|")
   groups+=("sparse|sm90_sparse_test|${MLA_SANITIZE_SPARSE_FILTER:-Formats/*:Blocks/*:Ordered/*:Fp8Direct/*:Sm90SparseNaN.*}||")
+  # The sparse calls' combines on the row kernel, its one-pass form where a token has at most
+  # three splits (CTest's sm90_sparse_test.CombineRows1).
+  groups+=("sparsecombine|sm90_sparse_test|Formats/*:Lens/*:Sm90SparseNaN.*|MLA_SM90_COMBINE_ROWS=256|")
   # The seesaw kernel's CTAs walking several tokens (CTest's RowsForced: three token rows).
   groups+=("sparserows|sm90_sparse_test|Formats/*:Lens/*:Ordered/*|MLA_SM90_SPARSE_ROWS=3|")
   # Every token's tiles unpaired (CTest's Unpaired): 128 heads over e4m3 rows on the unpaired

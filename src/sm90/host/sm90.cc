@@ -509,10 +509,12 @@ void run(const Problem& p, const DecodeParams& prm) {
   if (!route.combine) return;  // the decode kernel wrote out and lse
   const int sms = sm_count(p.device.device_id);
   const int rows_max_splits = static_cast<int>(switches().combine_rows_max_splits);
-  const cudaError_t err =
-      p.out_dtype == dtype::kBFloat16
-          ? combine::launch_combine<Elem::kBf16>(k, sms, rows_max_splits, stream, prm.enable_pdl)
-          : combine::launch_combine<Elem::kFp16>(k, sms, rows_max_splits, stream, prm.enable_pdl);
+  const bool one_batch = switches().combine_one_batch;
+  const cudaError_t err = p.out_dtype == dtype::kBFloat16
+                              ? combine::launch_combine<Elem::kBf16>(
+                                    k, sms, rows_max_splits, one_batch, stream, prm.enable_pdl)
+                              : combine::launch_combine<Elem::kFp16>(
+                                    k, sms, rows_max_splits, one_batch, stream, prm.enable_pdl);
   MLA_CUDA_CHECK(err, "launching the combine kernel");
 }
 

@@ -70,6 +70,9 @@ struct Switches {
   // the SMs with its CTAs, else the item kernel (0: the item kernel always; 256: the row kernel
   // always).
   int64_t combine_rows_max_splits = ::mla::sm90::combine::kRowsMaxSplits;
+  // MLA_SM90_COMBINE_ONE_BATCH=0: the row kernel's calls in the uniform layout with at most three
+  // splits a row stay on the row kernel instead of its one-pass form (for comparisons).
+  bool combine_one_batch = true;
   // MLA_SM90_PAIR: 0 keeps every call unpaired, 1 pairs every balanced-schedule call that allows
   // it; anything else (unset) is the default policy.
   int pair = -1;  // -1: the policy

@@ -1,6 +1,7 @@
 // Combine kernels: merge the split partials of each (token, head) row into out and lse. Two
 // kernels: the row kernel (combine_rows_kernel, below: one warp per row) where the call's rows have
-// few splits, and the item kernel (combine_kernel) otherwise; launch_combine picks.
+// few splits, in one pass (combine_rows_one_batch_kernel) where they have at most three in the
+// uniform layout, and the item kernel (combine_kernel) otherwise; launch_combine picks.
 //
 // The item kernel.
 // Work: items (token t, R consecutive heads h0 .. h0 + R - 1, column chunk of 512 / chunks columns)
@@ -420,6 +421,122 @@ __global__ void __launch_bounds__(kRowsWarps * 32, 4)
   }
 }
 
+// One-batch row kernel: combine_rows_kernel's work for a call in the uniform layout (every row
+// has num_splits <= kRowsBatch splits at [num_splits, T, H], no schedule list), in one pass: the
+// row's vectors of every split in flight at once, split j's max and sum on lane j, broadcast by
+// shuffles so that every lane forms M, the weights and Z itself (no shared memory, no warp
+// barrier). The same values as combine_rows_kernel: M is exact in any order, the weights are the
+// same formula, and Z adds lanes 0..2 in its butterfly's order, (w0 + w2) + w1 (a lane past
+// num_splits holds max -inf and sum 0: weight 0). Its own kernel, not a branch of the row
+// kernel: the branch, even where it never ran, made the row kernel's balanced-schedule calls 1 to
+// 3% slower (docs/perf-notes.md, Change 142).
+// NOTE: the accumulation and the out stores below are the row kernel's, written out again:
+// shared helpers changed the row kernel's SASS (and a 4-byte spill), and a change of its code
+// alone moved the balanced schedule's calls by 1 to 3% (Change 142), so it stays as measured.
+template <Elem Out>
+__global__ void __launch_bounds__(kRowsWarps * 32, 4)
+    combine_rows_one_batch_kernel(const __grid_constant__ DecodeKernelParams p) {
+  constexpr int kL = kCombineL;
+  static_assert(kL == 512, "two 8-column vectors per lane: 512 columns");
+  static_assert(kRowsBatch == 3, "Z's order below is the butterfly's over three lanes");
+  const int lane = threadIdx.x & 31;
+  const int c0 = 8 * lane;
+  const bool has0 = c0 < p.kv_lora_rank, has1 = c0 + 256 < p.kv_lora_rank;
+  const int rows_total = p.num_tokens * p.num_heads;  // NOTE: below 2^30 (the host's check)
+  const int num_splits = p.num_splits;                // NOTE: at most kRowsBatch (the host's)
+  const int64_t split_rows = rows_total;
+  const int step = static_cast<int>(gridDim.x) * kRowsWarps;
+  // NOTE: bmm2_scale is in o already; a non-finite one still turns every row NaN. An input, read
+  // before the wait: the decode grid passed its own wait before it let this grid start.
+  const float bmm2_ok = isfinite(bmm2_scale_of(p)) ? 1.0f : __int_as_float(0x7fffffff);
+
+  pdl_wait();  // the partials come from the decode grid
+  pdl_launch_dependents();
+
+  for (int r = blockIdx.x * kRowsWarps + (threadIdx.x >> 5); r < rows_total; r += step) {
+    const int t = r / p.num_heads;
+    const int h = r - t * p.num_heads;
+    const uint16_t* o_base = static_cast<const uint16_t*>(p.partial_o) + int64_t{r} * kL + c0;
+    uint4 a[kRowsBatch][2];
+#pragma unroll
+    for (int j = 0; j < kRowsBatch; ++j) {
+      if (j < num_splits) {
+        const uint16_t* src = o_base + j * split_rows * kL;
+        if (has0) a[j][0] = __ldcs(reinterpret_cast<const uint4*>(src));
+        if (has1) a[j][1] = __ldcs(reinterpret_cast<const uint4*>(src + 256));
+      }
+    }
+    float ms = kNegInf, ss = 0.0f;
+    if (lane < num_splits) {
+      const int64_t at = lane * split_rows + r;
+      ms = __ldcs(&p.partial_max[at]);
+      ss = __ldcs(&p.partial_sum[at]);
+    }
+    const float sink = sink_of(p, h);
+
+    float m = kNegInf, mj[kRowsBatch], w[kRowsBatch];
+#pragma unroll
+    for (int j = 0; j < kRowsBatch; ++j) {
+      mj[j] = __shfl_sync(0xffffffffu, ms, j);
+      w[j] = __shfl_sync(0xffffffffu, ss, j);
+      m = fmaxf(m, mj[j]);
+    }
+    // NOTE: as in combine_kernel: sum * 0 is the weight of a split without a finite score.
+#pragma unroll
+    for (int j = 0; j < kRowsBatch; ++j)
+      w[j] = mj[j] == kNegInf ? w[j] * 0.0f : w[j] * expf(mj[j] - m);
+    const float z = (w[0] + w[2]) + w[1];
+
+    float acc[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) acc[k] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kRowsBatch; ++j) {
+      // NOTE: an empty split's o holds nothing (possibly garbage): never read it.
+      if (w[j] == 0.0f) continue;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float4 lo = widen<Out>(make_uint2(a[j][half].x, a[j][half].y));
+        const float4 hi = widen<Out>(make_uint2(a[j][half].z, a[j][half].w));
+        float* x = acc + 8 * half;
+        x[0] = fmaf(lo.x, w[j], x[0]);
+        x[1] = fmaf(lo.y, w[j], x[1]);
+        x[2] = fmaf(lo.z, w[j], x[2]);
+        x[3] = fmaf(lo.w, w[j], x[3]);
+        x[4] = fmaf(hi.x, w[j], x[4]);
+        x[5] = fmaf(hi.y, w[j], x[5]);
+        x[6] = fmaf(hi.z, w[j], x[6]);
+        x[7] = fmaf(hi.w, w[j], x[7]);
+      }
+    }
+
+    const RowOutput ro = row_output(bmm2_ok, sink, m, z);
+    const int64_t o = out_offset(p, t, h) + c0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (half == 0 ? !has0 : !has1) continue;
+      const float* x = acc + 8 * half;
+      uint4 words;
+      if (ro.scale == 0.0f) {  // no key: acc is garbage
+        words = make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        words = make_uint4(pack_out(p, x[0] * ro.scale, x[1] * ro.scale),
+                           pack_out(p, x[2] * ro.scale, x[3] * ro.scale),
+                           pack_out(p, x[4] * ro.scale, x[5] * ro.scale),
+                           pack_out(p, x[6] * ro.scale, x[7] * ro.scale));
+      }
+      const int64_t oh = o + 256 * half;
+      if (p.out_vec16) {
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + oh) = words;
+      } else {  // two 8-byte stores where out allows them, else 2-byte ones
+        store_out4(p, oh, make_uint2(words.x, words.y));
+        store_out4(p, oh + 4, make_uint2(words.z, words.w));
+      }
+    }
+    if (p.lse != nullptr && lane == 0) p.lse[lse_offset(p, t, h)] = ro.lse;
+  }
+}
+
 // The instantiation of combine_kernel<Out, R> for R = rows_per_item (1, 2 or 4).
 template <Elem Out>
 auto combine_kernel_for(int rows_per_item) {
@@ -468,7 +585,7 @@ cudaError_t combine_residency(int rows_per_item, int threads, int& per_sm) {
 // rows per item fill the batch instead.
 template <Elem Out>
 cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int rows_max_splits,
-                           cudaStream_t stream, bool pdl) {
+                           bool one_batch_allowed, cudaStream_t stream, bool pdl) {
   const int splits = std::max(params.num_splits, 1);
   const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_heads;
   // NOTE: a call of few rows (B1 s512 H128: 128 rows of 8 splits, 16 CTAs of warps) keeps the
@@ -477,14 +594,24 @@ cudaError_t launch_combine(const DecodeKernelParams& params, int sm_count, int r
   if (splits <= rows_max_splits &&
       (rows_max_splits >= kMaxSplits || rows * 2 >= static_cast<int64_t>(sm_count) * kRowsWarps)) {
     if (rows >= (int64_t{1} << 30)) return cudaErrorInvalidValue;  // 32-bit row indices
-    static ResidencyCache resident;
+    // The uniform layout (no schedule list) with at most kRowsBatch splits a row: the one-batch
+    // kernel (MLA_SM90_COMBINE_ONE_BATCH=0 keeps the row kernel there, for comparisons).
+    const bool one_batch =
+        one_batch_allowed && params.sched_tokens == nullptr && splits <= kRowsBatch;
+    static ResidencyCache resident, resident_one_batch;
     int per_sm = 0;
     const cudaError_t err =
-        cached_residency(resident, &combine_rows_kernel<Out>, kRowsWarps * 32, per_sm);
+        one_batch ? cached_residency(resident_one_batch, &combine_rows_one_batch_kernel<Out>,
+                                     kRowsWarps * 32, per_sm)
+                  : cached_residency(resident, &combine_rows_kernel<Out>, kRowsWarps * 32, per_sm);
     if (err != cudaSuccess) return err;
     const int grid = static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>((rows + kRowsWarps - 1) / kRowsWarps,
                                                static_cast<int64_t>(sm_count) * per_sm)));
+    if (one_batch) {
+      return launch(&combine_rows_one_batch_kernel<Out>, dim3(grid), dim3(kRowsWarps * 32), 0,
+                    stream, pdl, params);
+    }
     return launch(&combine_rows_kernel<Out>, dim3(grid), dim3(kRowsWarps * 32), 0, stream, pdl,
                   params);
   }
