@@ -128,11 +128,12 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// Launches `kernel` with cudaLaunchKernelEx in clusters of `cluster_x` CTAs along x (1: no
+// Launches `kernel` with cudaLaunchKernelEx in clusters of shape `cluster` (1 x 1 x 1: no
 // cluster); with `pdl`, as a programmatic dependent of the previous work in the stream.
 template <typename... KernelArgs, typename... Args>
-cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                               cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
+cudaError_t launch_in_cluster_shape(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                    size_t smem, cudaStream_t stream, bool pdl, dim3 cluster,
+                                    Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -145,16 +146,24 @@ cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 bl
     attribute[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
   }
-  if (cluster_x > 1) {
+  if (cluster.x * cluster.y * cluster.z > 1) {
     attribute[n].id = cudaLaunchAttributeClusterDimension;
-    attribute[n].val.clusterDim.x = cluster_x;
-    attribute[n].val.clusterDim.y = 1;
-    attribute[n].val.clusterDim.z = 1;
+    attribute[n].val.clusterDim.x = cluster.x;
+    attribute[n].val.clusterDim.y = cluster.y;
+    attribute[n].val.clusterDim.z = cluster.z;
     ++n;
   }
   config.attrs = attribute;
   config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same in clusters of `cluster_x` CTAs along x (1: no cluster).
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                               cudaStream_t stream, bool pdl, unsigned cluster_x, Args&&... args) {
+  return launch_in_cluster_shape(kernel, grid, block, smem, stream, pdl, dim3(cluster_x, 1, 1),
+                                 std::forward<Args>(args)...);
 }
 
 // launch_in_clusters without clusters.

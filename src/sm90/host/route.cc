@@ -372,6 +372,15 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
                                                  sparse_few_rows_tiles(p) == 1 &&
                                                  p.topk_lens_mode == TopkLensMode::kNone));
     }
+    // A sparse call of two splits a token at 16 rows: the two as a cluster of two, the first
+    // merging the second's partial, so that no combine kernel runs (its launch was 3.2 to 3.6 us
+    // of the B64 H16 calls; docs/perf-notes.md, "What the combine's launch costs a call"). Any
+    // number of waves: the device must run clusters of two at all.
+    // It runs on two consumers (the three-consumer form spilled in its block loop with it), and
+    // is preferred to three where both apply; MLA_SM90_FEW_ROWS_THREE=1 keeps three, unmerged.
+    r.pair_merge = f.sparse && r.few_rows == 16 && r.layout.splits == 2 && sw.sparse_pair_merge &&
+                   sw.few_rows_three != 1 && device.pair_clusters(tma_elem(p.q_dtype)) > 0;
+    if (r.pair_merge) r.few_rows_three = false;
   } else if (f.sparse && f.seesaw) {
     r.kernel = Kernel::kSeesaw;
     r.sparse = true;
@@ -438,8 +447,9 @@ Route route_of(const Problem& p, const DeviceFacts& device, const Switches& sw) 
   } else {
     r.kernel = Kernel::kSimt;
   }
-  // One split of the uniform layout: the decode kernel writes out and lse, no combine.
-  r.combine = r.layout.scheduled || r.layout.splits > 1;
+  // One split of the uniform layout: the decode kernel writes out and lse, no combine; nor where
+  // a token's two splits merge in their cluster.
+  r.combine = (r.layout.scheduled || r.layout.splits > 1) && !r.pair_merge;
   return r;
 }
 
@@ -463,7 +473,7 @@ Route simt_fallback(Route r, const Problem& p) {
   r.sparse = false;
   r.sparse_rows = 0;
   r.short_splits = false;
-  r.pair = r.clean = false;
+  r.pair = r.clean = r.pair_merge = false;
   r.combine = r.layout.splits > 1;
   return r;
 }

@@ -81,6 +81,10 @@ struct Route {
   // warpgroups instead of two, each a stage of its own, where a CTA is expected to hold at least
   // kFewRowsThreeMinBlocks blocks (route.cc; docs/sm90-fp8.md).
   bool few_rows_three = false;
+  // kFewRows, sparse, 16 rows, two splits a token: the two run as a cluster of two, and the
+  // first writes the token's out and lse, merging the second's partial; no combine kernel
+  // (few_rows_kernel.cuh, kPairMerge; MLA_SM90_SPARSE_PAIR_MERGE=0 keeps the combine).
+  bool pair_merge = false;
   // kSeesaw, fp8_direct, balanced schedule: the FP8 seesaw kernel with three consumer warpgroups
   // (seesaw_fp8_three_kernel.cuh), unless MLA_SM90_FP8_THREE=0 (Switches::fp8_three).
   bool fp8_three = false;

@@ -362,7 +362,7 @@ cudaError_t launch_sparse_as(const DecodeKernelParams& k, const CUtensorMap& q_m
   const bool deep = route.few_rows_deep;
   if (route.few_rows == 16) {
     return few_rows::launch_few_rows_sparse<Q, KV, 16>(k, stream, pdl, direct, deep,
-                                                       route.few_rows_three);
+                                                       route.few_rows_three, route.pair_merge);
   }
   if constexpr (KV == Elem::kFp8DsMla) {
     return cudaErrorInvalidValue;  // fp8_ds_mla rows take it at 16 rows only (route.cc, family_of)
@@ -400,7 +400,9 @@ cudaError_t launch_decode(const Problem& p, const Route& route, Elem q, Elem kv,
                           DecodeKernelParams& k, const CUtensorMap& kv_map, uint8_t* workspace,
                           cudaStream_t stream, bool pdl) {
   CUtensorMap q_map{};
-  k.direct_out = route.combine ? 0 : 1;  // one split: out and lse without a combine
+  // One split: out and lse without a combine (a pair merge's splits write partials: its first
+  // merges them).
+  k.direct_out = route.combine || route.pair_merge ? 0 : 1;
   if (route.sparse) {
     // The seesaw kernel's query tiles through the tensor map where it can be made for a sparse
     // call (16-bit query whatever the cache holds, head dims (512, 64), a uniform call of H a

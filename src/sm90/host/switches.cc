@@ -40,6 +40,7 @@ Switches read_switches() {
   s.fp8_seesaw_min_blocks = std::max<int64_t>(0, env_int("MLA_SM90_FP8_SEESAW_MIN_BLOCKS"));
   s.fp8_three = env_string("MLA_SM90_FP8_THREE") != "0";
   s.combine_one_batch = env_string("MLA_SM90_COMBINE_ONE_BATCH") != "0";
+  s.sparse_pair_merge = env_string("MLA_SM90_SPARSE_PAIR_MERGE") != "0";
   if (std::getenv("MLA_SM90_SPARSE_ROWS") != nullptr) {
     s.sparse_rows = std::max<int64_t>(0, env_int("MLA_SM90_SPARSE_ROWS"));
   }

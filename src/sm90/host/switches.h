@@ -70,6 +70,9 @@ struct Switches {
   // the SMs with its CTAs, else the item kernel (0: the item kernel always; 256: the row kernel
   // always).
   int64_t combine_rows_max_splits = ::mla::sm90::combine::kRowsMaxSplits;
+  // MLA_SM90_SPARSE_PAIR_MERGE=0: a sparse few-rows call of two splits a token keeps them apart
+  // and merges them in the combine kernel (route.h, Route::pair_merge).
+  bool sparse_pair_merge = true;
   // MLA_SM90_COMBINE_ONE_BATCH=0: the row kernel's calls in the uniform layout with at most three
   // splits a row stay on the row kernel instead of its one-pass form (for comparisons).
   bool combine_one_batch = true;

@@ -294,8 +294,13 @@ __device__ __forceinline__ void issue_fp8_pv(Mma& mma, FragA& tOrA, FragB& tOrP,
 // kSparse: a sparse call, one CTA per (query token, split) (tma::resolve_sparse_tile), its blocks
 // gathered by index (tma/gather.cuh); the keys are the token's counted entries, each attended by
 // every row unless it is -1.
+// kPairMerge (sparse calls of two splits a token, one token per CTA row): the two splits run as a
+// cluster of two (grid z); rank 1 stores its partial as usual and then arrives on rank 0's
+// merge_bar (release at cluster scope, after every consumer thread's fence), and rank 0 writes the
+// token's out and lse itself from its own O and rank 1's partial, with the combine's formulas
+// (combine_kernel.cuh), so that no combine kernel runs.
 template <Elem Q, Elem KV, int kRowsN, bool kSparse, bool kFp8Direct = false,
-          bool kDeepRing = false, int kConsumersN = 2>
+          bool kDeepRing = false, int kConsumersN = 2, bool kPairMerge = false>
 __global__ void __launch_bounds__(
     FewRowsTraitsOf<Q, KV, kRowsN, kFp8Direct, kSparse, kDeepRing, kConsumersN>::kThreads, 1)
     few_rows_kernel(const __grid_constant__ DecodeKernelParams p,
@@ -374,6 +379,15 @@ __global__ void __launch_bounds__(
     tma::init_gather_barriers<Traits, KV>(smem);
   } else {
     tma::init_ring_barriers<Traits, false, kWiden, kFp8Direct>(smem, issuers);
+  }
+  static_assert(!kPairMerge || kSparse, "the pair merge is a sparse call's");
+  if constexpr (kPairMerge) {
+    // Rank 1 arrives on rank 0's merge_bar: initialized and made visible to the cluster first.
+    if (threadIdx.x == 0) {
+      tma::mbar_init(&smem.merge_bar, 1);
+      tma::fence_mbar_init();
+    }
+    tma::cluster_sync_relaxed();
   }
 
   // NOTE: CUTLASS broadcasts the index from lane 0, so the compiler knows it is warp-uniform: the
@@ -540,6 +554,45 @@ __global__ void __launch_bounds__(
     }
   };
 
+  // kPairMerge, rank 0: row c of the tile (own max m0 in natural-log units, own sum l0; -inf and 0
+  // without a key) merged with rank 1's partial row: lse written, and out_row, out_scale (what the
+  // own staged O is multiplied by) and other_scale (what rank 1's partial o is) for the stores.
+  // The combine's formulas (combine_kernel.cuh): w_s = z_s exp(m_s - M), Z = w0 + w1, out = (w0
+  // o0 + w1 o1) / (Z + exp(sink - M)), o0 = bmm2 O0 / l0 unrounded here.
+  auto pair_row = [&](const tma::TileWork& pw, int64_t own_row0, int c, float m0, float l0) {
+    int t, h;
+    const bool ok = row_token(p, pw.row0 + c, pw.token0, t, h);
+    const int64_t at = own_row0 + static_cast<int64_t>(p.num_tokens) * p.num_heads + c;
+    const float m1 = __ldcg(&p.partial_max[at]), l1 = __ldcg(&p.partial_sum[at]);
+    const float m = fmaxf(m0, m1);
+    const float w0 = m0 == kNegInf ? l0 * 0.0f : l0 * expf(m0 - m);
+    const float w1 = m1 == kNegInf ? l1 * 0.0f : l1 * expf(m1 - m);
+    const float bmm2 = bmm2_scale_of(p);
+    const float bmm2_ok = isfinite(bmm2) ? 1.0f : __int_as_float(0x7fffffff);
+    const RowOutput ro = row_output(bmm2_ok, ok ? sink_of(p, h) : kNegInf, m, w0 + w1);
+    if (ok && p.lse != nullptr) p.lse[lse_offset(p, t, h)] = ro.lse;
+    smem.out_row[c] = ok ? out_offset(p, t, h) : int64_t{-1};
+    smem.out_scale[c] = w0 != 0.0f ? w0 * __fdiv_rn(bmm2, l0) * ro.scale : 0.0f;
+    smem.other_scale[c] = w1 != 0.0f ? w1 * ro.scale : 0.0f;
+  };
+  // kPairMerge, rank 0: 8 values of rank 1's partial o (row `row`, columns d..) times g, added.
+  auto add_other = [&](float(&v)[8], int64_t row, int d, float g) {
+    const uint4 u = __ldcg(
+        reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.partial_o) + row * kL + d));
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float2 f;
+      if (p.out_fp16) {
+        f = __half22float2(*reinterpret_cast<const __half2*>(&words[k]));
+      } else {
+        f = make_float2(__uint_as_float(words[k] << 16), __uint_as_float(words[k] & 0xffff0000u));
+      }
+      v[2 * k] = fmaf(f.x, g, v[2 * k]);
+      v[2 * k + 1] = fmaf(f.y, g, v[2 * k + 1]);
+    }
+  };
+
   uint32_t used = 0;  // blocks this consumer's stage has held before the segment (its phase)
   Cursor cursor;
   cursor.begin(p);
@@ -550,6 +603,36 @@ __global__ void __launch_bounds__(
   while (cursor.next(p, w, partial_row0)) {
     const int tile_rows = min(kRows, w.rows - w.row0);
     if (w.block_begin >= w.block_end) {  // no key of the tile in this segment
+      if constexpr (kPairMerge) {
+        if (blockIdx.z != 0) {  // rank 1: its empty partial, then rank 0's barrier
+          tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
+          __threadfence();
+          sync_local();
+          named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+          if (ctid == 0) tma::mbar_arrive_cluster_release(&smem.merge_bar, 0);
+        } else {  // rank 0: out from rank 1's partial alone
+          tma::mbar_wait_cluster(&smem.merge_bar, 0);
+          if (ctid < tile_rows) pair_row(w, partial_row0, ctid, kNegInf, 0.0f);
+          sync_local();
+          named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+          const int64_t other_row0 =
+              partial_row0 + static_cast<int64_t>(p.num_tokens) * p.num_heads;
+          for (int e = ctid; e < tile_rows * (kL / 8); e += Traits::kConsumerThreads) {
+            const int c = e / (kL / 8), d = (e - c * (kL / 8)) * 8;
+            const int64_t o = smem.out_row[c];
+            if (o < 0 || d >= p.kv_lora_rank) continue;
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            const float g = smem.other_scale[c];
+            if (g != 0.0f) add_other(v, other_row0 + c, d, g);
+            store_out8(p, o + d,
+                       make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
+                                  pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7])));
+          }
+          sync_local();
+          named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+        }
+        continue;
+      }
       tma::store_empty_segment(p, w, partial_row0, tile_rows, ctid, Traits::kConsumerThreads);
       continue;
     }
@@ -1246,8 +1329,10 @@ __global__ void __launch_bounds__(
     const float* second = reinterpret_cast<const float*>(smem.k[has_block(1) ? kept_stage(1) : 0]);
     const float* third =
         reinterpret_cast<const float*>(smem.k[kC == 3 && has_block(2) ? kept_stage(2) : 0]);
+    // kPairMerge: rank 0 writes out (merged with rank 1's partial), rank 1 its partial.
+    const bool merge_out = kPairMerge && blockIdx.z == 0;
     // Partial rows are 512 wide whatever L is (route.h); out rows L.
-    const int cols = whole ? p.kv_lora_rank : kL;
+    const int cols = whole || merge_out ? p.kv_lora_rank : kL;
     CUTE_UNROLL
     for (int pass = 0; pass < Traits::kMergePasses; ++pass) {
       // NOTE: the previous pass's reads of the stages end at the barrier at the end of this loop.
@@ -1264,13 +1349,19 @@ __global__ void __launch_bounds__(
         }
       }
       if (pass == 0) {
+        // Rank 1's partial is stored (and fenced) before its arrive: every reader waits.
+        if constexpr (kPairMerge) {
+          if (merge_out) tma::mbar_wait_cluster(&smem.merge_bar, 0);
+        }
         // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out
         // or partial_o) and what its O is multiplied by.
         if (ctid < tile_rows_end) {
           const int64_t row0 = seg.partial_row0;  // the segment's first partial row
           float m_nat, l;
           row_total(ctid, m_nat, l);
-          if (whole) {
+          if (kPairMerge && merge_out) {
+            pair_row(seg.w, row0, ctid, m_nat, l);
+          } else if (whole) {
             // The request's only segment: the combine's normalization (output.cuh) here.
             const RowTarget target = finish_row(p, seg.w.row0 + ctid, seg.w.token0, m_nat, l);
             smem.out_row[ctid] = target.offset;
@@ -1315,13 +1406,27 @@ __global__ void __launch_bounds__(
           v[k + 2] = f != 0.0f ? a.z * f : 0.0f;
           v[k + 3] = f != 0.0f ? a.w * f : 0.0f;
         }
+        if constexpr (kPairMerge) {
+          if (merge_out) {
+            const float g = smem.other_scale[c];
+            if (g != 0.0f) {
+              add_other(v, seg.partial_row0 + static_cast<int64_t>(p.num_tokens) * p.num_heads + c,
+                        d, g);
+            }
+          }
+        }
         const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
                                        pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7]));
-        if (whole) {
+        if (whole || merge_out) {
           store_out8(p, o + d, words);
         } else {
           *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.partial_o) + o + d) = words;
         }
+      }
+      // kPairMerge, rank 1: its partial's stores ordered before the arrive below (after the
+      // barrier), cumulatively, for rank 0's reads.
+      if constexpr (kPairMerge) {
+        if (!merge_out && pass == Traits::kMergePasses - 1) __threadfence();
       }
       // Every thread's reads of both stages (and, after the last pass, of out_row, out_scale, sum
       // and final_max) are done: the next pass may overwrite them, and after the last pass the
@@ -1329,6 +1434,9 @@ __global__ void __launch_bounds__(
       // segment's first blocks.
       sync_local();
       named_barrier_sync(barrier_id(NamedBarrier::kConsumers), Traits::kConsumerThreads);
+    }
+    if constexpr (kPairMerge) {
+      if (!merge_out && ctid == 0) tma::mbar_arrive_cluster_release(&smem.merge_bar, 0);
     }
     if (has_block(cw)) {
       release(&smem.empty_l[own_stage]);
@@ -1382,44 +1490,71 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
   return launch_few_rows_as<Q, KV, kRows, false>(params, kv_map, stream, pdl);
 }
 
-template <Elem Q, Elem KV, int kRows, bool kFp8Direct, bool kDeepRing = false, int kConsumers = 2>
+template <Elem Q, Elem KV, int kRows, bool kPairMerge, bool kFp8Direct, bool kDeepRing = false,
+          int kConsumers = 2>
 cudaError_t launch_few_rows_sparse_as(const DecodeKernelParams& params, cudaStream_t stream,
                                       bool pdl) {
   using Traits = FewRowsTraitsOf<Q, KV, kRows, kFp8Direct, true, kDeepRing, kConsumers>;
   constexpr size_t smem = Traits::kSmemBytes;
-  auto* kernel = &few_rows_kernel<Q, KV, kRows, true, kFp8Direct, kDeepRing, kConsumers>;
+  auto* kernel =
+      &few_rows_kernel<Q, KV, kRows, true, kFp8Direct, kDeepRing, kConsumers, kPairMerge>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   // A tile of kRows heads per CTA (grid x: a token's heads past kRows take several; route.cc).
   const dim3 grid((params.num_heads + kRows - 1) / kRows, params.num_tokens, params.num_splits);
   const CUtensorMap unused{};  // the gather reads the cache through params.kv
+  if constexpr (kPairMerge) {
+    // A token's two splits as a cluster of two (grid z).
+    if (params.num_splits != 2) return cudaErrorInvalidValue;
+    return launch_in_cluster_shape(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl,
+                                   dim3(1, 1, 2), params, unused);
+  }
   return launch(kernel, grid, dim3(Traits::kThreads), smem, stream, pdl, params, unused);
 }
 
-template <Elem Q, Elem KV, int kRows>
-cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
-                                   bool fp8_direct, bool deep_ring, bool three) {
+// The route's choice of instantiation (launch_few_rows_sparse's arguments).
+template <Elem Q, Elem KV, int kRows, bool kPairMerge>
+cudaError_t launch_few_rows_sparse_pick(const DecodeKernelParams& params, cudaStream_t stream,
+                                        bool pdl, bool fp8_direct, bool deep_ring, bool three) {
+  // NOTE: no pair merge on three consumers: at 160 registers its epilogue tipped the block loop
+  // into 17 spill reloads (2 without it); the route takes two consumers where it merges.
   if constexpr (Q == Elem::kBf16 && (KV == Elem::kFp8E4M3 || KV == Elem::kFp8DsMla) &&
-                kRows == 16) {
+                kRows == 16 && !kPairMerge) {
     if (fp8_direct && three && !deep_ring) {
-      return launch_few_rows_sparse_as<Q, KV, kRows, true, false, 3>(params, stream, pdl);
+      return launch_few_rows_sparse_as<Q, KV, kRows, false, true, false, 3>(params, stream, pdl);
     }
   }
   // The route asks for three consumers of a bf16 query over per-tensor e4m3 or fp8_ds_mla rows at
-  // 16 rows only.
+  // 16 rows only, and not with the pair merge.
   if (three) return cudaErrorInvalidValue;
   if constexpr (Q == Elem::kFp8E4M3 && KV == Elem::kFp8E4M3) {
     if (fp8_direct && deep_ring) {
-      return launch_few_rows_sparse_as<Q, KV, kRows, true, true>(params, stream, pdl);
+      return launch_few_rows_sparse_as<Q, KV, kRows, kPairMerge, true, true>(params, stream, pdl);
     }
   }
   if (deep_ring) return cudaErrorInvalidValue;  // the e4m3 GEMMs' only
   if constexpr (KV == Elem::kFp8E4M3 || (KV == Elem::kFp8DsMla && kRows == 16)) {
-    if (fp8_direct) return launch_few_rows_sparse_as<Q, KV, kRows, true>(params, stream, pdl);
+    if (fp8_direct) {
+      return launch_few_rows_sparse_as<Q, KV, kRows, kPairMerge, true>(params, stream, pdl);
+    }
   }
   // The route asks it of per-tensor e4m3 caches, and of fp8_ds_mla ones at 16 rows.
   if (fp8_direct) return cudaErrorInvalidValue;
-  return launch_few_rows_sparse_as<Q, KV, kRows, false>(params, stream, pdl);
+  return launch_few_rows_sparse_as<Q, KV, kRows, kPairMerge, false>(params, stream, pdl);
+}
+
+template <Elem Q, Elem KV, int kRows>
+cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
+                                   bool fp8_direct, bool deep_ring, bool three, bool pair_merge) {
+  if constexpr (kRows == 16) {
+    if (pair_merge) {
+      return launch_few_rows_sparse_pick<Q, KV, kRows, true>(params, stream, pdl, fp8_direct,
+                                                             deep_ring, three);
+    }
+  }
+  if (pair_merge) return cudaErrorInvalidValue;  // the route asks it at 16 rows only
+  return launch_few_rows_sparse_pick<Q, KV, kRows, false>(params, stream, pdl, fp8_direct,
+                                                          deep_ring, three);
 }
 
 }  // namespace mla::sm90::few_rows

@@ -4,5 +4,5 @@
 
 namespace mla::sm90::few_rows {
 template cudaError_t launch_few_rows_sparse<Elem::kBf16, Elem::kFp8DsMla, 16>(
-    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool);
+    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool, bool);
 }  // namespace mla::sm90::few_rows

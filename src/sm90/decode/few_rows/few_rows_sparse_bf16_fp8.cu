@@ -4,7 +4,7 @@
 
 namespace mla::sm90::few_rows {
 template cudaError_t launch_few_rows_sparse<Elem::kBf16, Elem::kFp8E4M3, 16>(
-    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool);
+    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool, bool);
 template cudaError_t launch_few_rows_sparse<Elem::kBf16, Elem::kFp8E4M3, 32>(
-    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool);
+    const DecodeKernelParams&, cudaStream_t, bool, bool, bool, bool, bool);
 }  // namespace mla::sm90::few_rows

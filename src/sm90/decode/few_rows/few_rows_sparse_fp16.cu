@@ -5,8 +5,8 @@
 namespace mla::sm90::few_rows {
 template cudaError_t launch_few_rows_sparse<Elem::kFp16, Elem::kFp16, 16>(const DecodeKernelParams&,
                                                                           cudaStream_t, bool, bool,
-                                                                          bool, bool);
+                                                                          bool, bool, bool);
 template cudaError_t launch_few_rows_sparse<Elem::kFp16, Elem::kFp16, 32>(const DecodeKernelParams&,
                                                                           cudaStream_t, bool, bool,
-                                                                          bool, bool);
+                                                                          bool, bool, bool);
 }  // namespace mla::sm90::few_rows

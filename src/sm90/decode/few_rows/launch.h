@@ -32,10 +32,12 @@ cudaError_t launch_few_rows(const DecodeKernelParams& params, const CUtensorMap&
 // CTA, the blocks gathered by index (tma/gather.cuh); same workspace layout. fp8_direct (a
 // per-tensor e4m3 cache only): the rows land as e4m3 (tma::gather_e4m3_direct) for the GEMMs of
 // launch_few_rows' fp8_direct; else an e4m3 cache is widened in shared memory. deep_ring, three:
-// as launch_few_rows'.
+// as launch_few_rows'. pair_merge (kRows 16, params.num_splits 2, one token per CTA row): a
+// token's two splits run as a cluster of two, and the first writes out and lse, merging the
+// second's partial: no combine follows.
 template <Elem Q, Elem KV, int kRows>
 cudaError_t launch_few_rows_sparse(const DecodeKernelParams& params, cudaStream_t stream, bool pdl,
                                    bool fp8_direct = false, bool deep_ring = false,
-                                   bool three = false);
+                                   bool three = false, bool pair_merge = false);
 
 }  // namespace mla::sm90::few_rows

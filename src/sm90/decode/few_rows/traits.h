@@ -243,6 +243,10 @@ struct FewRowsTraits {
     // per consumer thread).
     uint64_t empty_l[kStages];
     uint64_t empty_r[kStages];
+    // kPairMerge (few_rows_kernel.cuh): what the other split's partial o is multiplied by, per row,
+    // and the barrier on which the cluster's rank 1 says its partial is stored (rank 0's).
+    float other_scale[kRows];
+    uint64_t merge_bar;
   };
   // NOTE: dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the plan.
   static constexpr size_t kSmemBytes = sizeof(SharedMemoryPlan) + 1024;

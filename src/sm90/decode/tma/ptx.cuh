@@ -121,6 +121,39 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta)
       : "memory");
 }
 
+// The same with release semantics at cluster scope: the arriving thread's memory operations, and
+// those ordered before them (the CTA barrier and fences before it), are visible to a thread of
+// the cluster whose mbar_wait_cluster observes the phase (global stores included). Once per CTA:
+// ptxas puts a MEMBAR.ALL.GPU before it.
+__device__ __forceinline__ void mbar_arrive_cluster_release(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+// Waits until the phase of parity `parity` of this CTA's barrier has completed, with acquire
+// semantics at cluster scope (pairs with mbar_arrive_cluster_release of another CTA).
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 // The shared::cluster address of `p`'s offset in the shared memory of cluster CTA `cta`.
 __device__ __forceinline__ uint32_t cluster_addr(const void* p, uint32_t cta) {
   uint32_t remote;
