@@ -143,6 +143,9 @@ if [ "${MLA_SANITIZE_SCOPE:-groups}" != all ]; then
   # The sparse calls' combines on the row kernel, its one-pass form where a token has at most
   # three splits (CTest's sm90_sparse_test.CombineRows1).
   groups+=("sparsecombine|sm90_sparse_test|Formats/*:Lens/*:Sm90SparseNaN.*|MLA_SM90_COMBINE_ROWS=256|")
+  # A token's two splits merged in their cluster wherever a tile has 16 rows (CTest's
+  # sm90_sparse_test.PairMerge).
+  groups+=("sparsemerge|sm90_sparse_test|Formats/*:Lens/*:Sm90SparseNaN.*|MLA_SM90_MAX_SPLITS=2|")
   # The seesaw kernel's CTAs walking several tokens (CTest's RowsForced: three token rows).
   groups+=("sparserows|sm90_sparse_test|Formats/*:Lens/*:Ordered/*|MLA_SM90_SPARSE_ROWS=3|")
   # Every token's tiles unpaired (CTest's Unpaired): 128 heads over e4m3 rows on the unpaired

@@ -167,6 +167,7 @@ std::string describe(const Route& r) {
   if (r.sparse) s << " sparse";
   if (r.sparse_rows > 0) s << " token_rows=" << r.sparse_rows;
   if (r.short_splits) s << " short_splits";
+  if (r.pair_merge) s << " pair_merge";
   if (r.sparse && r.layout.order_offset > 0) s << " ordered";
   if (r.combine) s << " combine";
   return s.str();
@@ -248,7 +249,7 @@ TEST(Sm90Route, Table) {
        "seesaw splits=32 tiles=1 sparse combine"},
       {"sparse, fp8_ds_mla, B64 H16: the few-rows kernel, rows read as they land",
        dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-       "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+       "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
       {"sparse, fp8_ds_mla, H32: the few-rows kernel's tiles of 16 heads, two a token",
        dense(64, 32, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=1 rows=16 fp8_direct sparse"},
       {"sparse, fp8 query and cache, H32 q2: tiles of one token",
@@ -556,12 +557,12 @@ TEST(Sm90Route, DsDirectSwitch) {
   Switches sw;
   sw.ds_direct = false;  // fp8_ds_mla rows at 16 rows: gathered ahead and widened by the producer
   expect_routes({{"sparse fp8_ds_mla, H16", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-                  "few_rows splits=2 rows=16 sparse combine"},
+                  "few_rows splits=2 rows=16 sparse pair_merge"},
                  {"dense fp8_ds_mla, H16: gathered either way", dense(8, 16, 1).fp8_ds_mla(),
                   "few_rows schedule parts=132 rows=16 combine"}},
                 sw);
   expect_routes({{"sparse fp8_ds_mla, H16", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-                  "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+                  "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
                  {"dense fp8_ds_mla, H16: gathered either way", dense(8, 16, 1).fp8_ds_mla(),
                   "few_rows schedule parts=132 rows=16 combine"}});
 }
@@ -623,7 +624,7 @@ TEST(Sm90Route, FewRowsDeepRing) {
         dense(128, 16, 2).sparse(2048).dtypes(kFp8, kFp8),
         "few_rows splits=1 rows=16 fp8_direct deep sparse"},
        {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
-        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"a bf16 query: three consumers", dense(128, 16, 1).dtypes(kBf16, kFp8),
         "few_rows schedule parts=132 rows=16 fp8_direct three combine"}},
       sw);
@@ -635,7 +636,7 @@ TEST(Sm90Route, FewRowsDeepRing) {
   expect_routes({{"B8 H16: four stages", dense(8, 16, 1).dtypes(kFp8, kFp8),
                   "few_rows schedule parts=132 rows=16 fp8_direct deep combine"},
                  {"sparse B64 H16", dense(64, 16, 1).sparse(2048).dtypes(kFp8, kFp8),
-                  "few_rows splits=2 rows=16 fp8_direct deep sparse combine"},
+                  "few_rows splits=2 rows=16 fp8_direct deep sparse pair_merge"},
                  {"a bf16 query: no choice", dense(128, 16, 1).dtypes(kBf16, kFp8),
                   "few_rows schedule parts=132 rows=16 fp8_direct three combine"}},
                 sw);
@@ -649,7 +650,8 @@ TEST(Sm90Route, FewRowsDeepRing) {
 // in tiles of 16 heads) runs three consumer warpgroups at 16 rows where a CTA is expected to hold
 // at least 12 blocks, two below and at 32 rows; a sparse call's fp8_ds_mla rows too, but only
 // for one tile a token, below 24 blocks and without sparse_topk_lens; MLA_SM90_FEW_ROWS_THREE=0
-// or 1 takes two or three on every such call at 16 rows.
+// or 1 takes two or three on every such call at 16 rows. A sparse call of two splits a token
+// merges them on two consumers instead (SparsePairMerge, below).
 TEST(Sm90Route, FewRowsThreeConsumers) {
   Switches sw;
   expect_routes(
@@ -669,23 +671,23 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
         dense(128, 16, 2).sparse(2048).dtypes(kBf16, kFp8),
         "few_rows splits=1 rows=16 fp8_direct three sparse"},
        {"sparse B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).dtypes(kBf16, kFp8),
-        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"sparse B64 H16, top_k 512: 4 blocks a split",
         dense(64, 16, 1).sparse(512).dtypes(kBf16, kFp8),
-        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"sparse fp8_ds_mla B64 H16: 16 blocks a split", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"sparse fp8_ds_mla B64 H16, top_k 512: 4 blocks a split",
         dense(64, 16, 1).sparse(512).fp8_ds_mla(),
-        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"sparse fp8_ds_mla B128 H16: 32 blocks a split, two",
         dense(128, 16, 1).sparse(2048).fp8_ds_mla(), "few_rows splits=1 rows=16 fp8_direct sparse"},
        {"sparse fp8_ds_mla B32 H32: 16 blocks a split, two tiles a token: two",
         dense(32, 32, 1).sparse(2048).fp8_ds_mla(),
-        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"sparse fp8_ds_mla B64 H16 with sparse_topk_lens: two",
         dense(64, 16, 1).sparse(2048).fp8_ds_mla().topk_lens(),
-        "few_rows splits=2 rows=16 fp8_direct sparse combine"},
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
        {"an e4m3 query", dense(128, 16, 1).dtypes(kFp8, kFp8),
         "few_rows schedule parts=132 rows=16 fp8_direct deep combine"}},
       sw);
@@ -693,7 +695,7 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
   expect_routes({{"B128 H16: two", dense(128, 16, 1).dtypes(kBf16, kFp8),
                   "few_rows schedule parts=132 rows=16 fp8_direct combine"},
                  {"sparse fp8_ds_mla B64 H16: two", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
-                  "few_rows splits=2 rows=16 fp8_direct sparse combine"}},
+                  "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"}},
                 sw);
   sw.few_rows_three = 1;
   expect_routes({{"B1 H16: three", dense(1, 16, 1).dtypes(kBf16, kFp8),
@@ -703,6 +705,47 @@ TEST(Sm90Route, FewRowsThreeConsumers) {
                  {"B1 H16 q2: 32 rows, two", dense(1, 16, 2).dtypes(kBf16, kFp8),
                   "few_rows splits=64 rows=32 fp8_direct combine"}},
                 sw);
+}
+
+// A sparse few-rows call (16 rows) of two splits a token merges them in their cluster of two
+// (Route::pair_merge: no combine) on two consumers; not at other split counts or 32 rows, not where
+// three consumers are forced or the switch is off, and not where the device runs no cluster of
+// two. With the merge off, the three-consumer rule above applies to the same calls.
+TEST(Sm90Route, SparsePairMerge) {
+  Switches sw;
+  expect_routes(
+      {{"bf16 B64 H16: two splits", dense(64, 16, 1).sparse(2048),
+        "few_rows splits=2 rows=16 sparse pair_merge"},
+       {"fp8_ds_mla B64 H8", dense(64, 8, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
+       {"fp8_ds_mla B128 H16: one split", dense(128, 16, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=1 rows=16 fp8_direct sparse"},
+       {"fp8_ds_mla B16 H16: eight splits", dense(16, 16, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=8 rows=16 fp8_direct sparse combine"},
+       {"fp8 B64 H32 q1: 32 rows a tile", dense(64, 32, 1).sparse(2048).dtypes(kFp8, kFp8),
+        "few_rows splits=2 rows=32 fp8_direct sparse combine"}},
+      sw);
+  sw.few_rows_three = 1;
+  expect_routes(
+      {{"fp8_ds_mla B64 H16, three forced: unmerged", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct three sparse combine"}},
+      sw);
+  sw = Switches();
+  sw.sparse_pair_merge = false;
+  expect_routes(
+      {{"bf16 B64 H16", dense(64, 16, 1).sparse(2048), "few_rows splits=2 rows=16 sparse combine"},
+       {"bf16-fp8 B64 H16: three", dense(64, 16, 1).sparse(2048).dtypes(kBf16, kFp8),
+        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+       {"fp8_ds_mla B64 H16: three", dense(64, 16, 1).sparse(2048).fp8_ds_mla(),
+        "few_rows splits=2 rows=16 fp8_direct three sparse combine"},
+       {"fp8_ds_mla B64 H16 with sparse_topk_lens: two",
+        dense(64, 16, 1).sparse(2048).fp8_ds_mla().topk_lens(),
+        "few_rows splits=2 rows=16 fp8_direct sparse combine"}},
+      sw);
+  const DeviceFacts no_clusters{132, &clusters_0};
+  expect_routes({{"no cluster of two", dense(64, 16, 1).sparse(2048),
+                  "few_rows splits=2 rows=16 sparse combine"}},
+                Switches(), no_clusters);
 }
 
 TEST(Sm90Route, MaxSplitsSwitch) {

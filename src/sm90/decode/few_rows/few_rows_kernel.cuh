@@ -575,10 +575,13 @@ __global__ void __launch_bounds__(
     smem.out_scale[c] = w0 != 0.0f ? w0 * __fdiv_rn(bmm2, l0) * ro.scale : 0.0f;
     smem.other_scale[c] = w1 != 0.0f ? w1 * ro.scale : 0.0f;
   };
-  // kPairMerge, rank 0: 8 values of rank 1's partial o (row `row`, columns d..) times g, added.
-  auto add_other = [&](float(&v)[8], int64_t row, int d, float g) {
-    const uint4 u = __ldcg(
+  // kPairMerge, rank 0: 8 values of rank 1's partial o (row `row`, columns d..), read from L2.
+  auto load_other = [&](int64_t row, int d) {
+    return __ldcg(
         reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.partial_o) + row * kL + d));
+  };
+  // kPairMerge, rank 0: those 8 values (u) times g, added to v.
+  auto add_other = [&](float(&v)[8], const uint4& u, float g) {
     const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -623,7 +626,7 @@ __global__ void __launch_bounds__(
             if (o < 0 || d >= p.kv_lora_rank) continue;
             float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
             const float g = smem.other_scale[c];
-            if (g != 0.0f) add_other(v, other_row0 + c, d, g);
+            if (g != 0.0f) add_other(v, load_other(other_row0 + c, d), g);
             store_out8(p, o + d,
                        make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
                                   pack_out(p, v[4], v[5]), pack_out(p, v[6], v[7])));
@@ -1329,8 +1332,15 @@ __global__ void __launch_bounds__(
     const float* second = reinterpret_cast<const float*>(smem.k[has_block(1) ? kept_stage(1) : 0]);
     const float* third =
         reinterpret_cast<const float*>(smem.k[kC == 3 && has_block(2) ? kept_stage(2) : 0]);
-    // kPairMerge: rank 0 writes out (merged with rank 1's partial), rank 1 its partial.
+    // kPairMerge: rank 0 writes out (merged with rank 1's partial), rank 1 its partial. Rank 0's
+    // threads read their pieces of rank 1's o right after the wait, in flight with the maxima and
+    // sums, not after the barrier that hands those over (one L2 round trip less at the tail).
     const bool merge_out = kPairMerge && blockIdx.z == 0;
+    static_assert(!kPairMerge || Traits::kMergePasses == 1, "the pair merge's pieces: one pass");
+    constexpr int kOtherIters =
+        kPairMerge ? (kRows * (kL / 8) + Traits::kConsumerThreads - 1) / Traits::kConsumerThreads
+                   : 1;
+    uint4 other_o[kOtherIters];
     // Partial rows are 512 wide whatever L is (route.h); out rows L.
     const int cols = whole || merge_out ? p.kv_lora_rank : kL;
     CUTE_UNROLL
@@ -1351,7 +1361,19 @@ __global__ void __launch_bounds__(
       if (pass == 0) {
         // Rank 1's partial is stored (and fenced) before its arrive: every reader waits.
         if constexpr (kPairMerge) {
-          if (merge_out) tma::mbar_wait_cluster(&smem.merge_bar, 0);
+          if (merge_out) {
+            tma::mbar_wait_cluster(&smem.merge_bar, 0);
+            const int64_t other_row0 =
+                seg.partial_row0 + static_cast<int64_t>(p.num_tokens) * p.num_heads;
+#pragma unroll
+            for (int i = 0; i < kOtherIters; ++i) {
+              const int e = ctid + i * Traits::kConsumerThreads;
+              if (e < tile_rows_end * (kL / 8)) {
+                const int c = e / (kL / 8);
+                other_o[i] = load_other(other_row0 + c, (e - c * (kL / 8)) * 8);
+              }
+            }
+          }
         }
         // Thread c < tile_rows finishes row c while the others stage their O: where it goes (out
         // or partial_o) and what its O is multiplied by.
@@ -1409,10 +1431,14 @@ __global__ void __launch_bounds__(
         if constexpr (kPairMerge) {
           if (merge_out) {
             const float g = smem.other_scale[c];
-            if (g != 0.0f) {
-              add_other(v, seg.partial_row0 + static_cast<int64_t>(p.num_tokens) * p.num_heads + c,
-                        d, g);
+            // This thread's iteration of the loop (static indices: no local memory).
+            const int it = (e - ctid) / Traits::kConsumerThreads;
+            uint4 u = other_o[0];
+#pragma unroll
+            for (int k = 1; k < kOtherIters; ++k) {
+              if (it == k) u = other_o[k];
             }
+            if (g != 0.0f) add_other(v, u, g);
           }
         }
         const uint4 words = make_uint4(pack_out(p, v[0], v[1]), pack_out(p, v[2], v[3]),
