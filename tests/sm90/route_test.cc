@@ -742,6 +742,17 @@ TEST(Sm90Route, SparsePairMerge) {
         dense(64, 16, 1).sparse(2048).fp8_ds_mla().topk_lens(),
         "few_rows splits=2 rows=16 fp8_direct sparse combine"}},
       sw);
+  // CTest's sm90_sparse_test.PairMerge (MLA_SM90_MAX_SPLITS=2) merges the suite's small calls:
+  // the Formats cases at 16 heads (top_k 192, three blocks) and a Lens case at 8 heads.
+  sw = Switches();
+  sw.max_splits = 2;
+  expect_routes({{"B2 q2 H16, top_k 192", dense(2, 16, 2).sparse(192),
+                  "few_rows splits=2 rows=16 sparse pair_merge"},
+                 {"fp8_ds_mla B2 q2 H16, top_k 192", dense(2, 16, 2).sparse(192).fp8_ds_mla(),
+                  "few_rows splits=2 rows=16 fp8_direct sparse pair_merge"},
+                 {"B2 H8, top_k 2048", dense(2, 8, 1).sparse(2048),
+                  "few_rows splits=2 rows=16 sparse pair_merge"}},
+                sw);
   const DeviceFacts no_clusters{132, &clusters_0};
   expect_routes({{"no cluster of two", dense(64, 16, 1).sparse(2048),
                   "few_rows splits=2 rows=16 sparse combine"}},
